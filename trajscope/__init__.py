@@ -1,0 +1,20 @@
+"""trajscope: does decode still look like prefill? Step through generation and measure it.
+
+The public API is this short list; everything else is an implementation detail.
+
+- :func:`load_model` opens a model (the shipped sample, a local directory, a cached
+  Hugging Face name, or an NDIF model) through nnsight.
+- :func:`capture` runs prefill + decode and records every step as a :class:`Trajectory`.
+- :class:`Trajectory` holds the tables (Polars) and optional tensors, and saves to /
+  loads from a run directory.
+- :class:`StepEvent` is what the streaming callback of :func:`capture` receives.
+- :class:`TrajscopeError` is raised for bad input, with a one-sentence explanation.
+"""
+
+from trajscope.capture import StepEvent, capture
+from trajscope.errors import TrajscopeError
+from trajscope.model import ModelHandle, load_model
+from trajscope.trajectory import Trajectory
+
+__version__ = "0.1.0"
+__all__ = ["load_model", "capture", "Trajectory", "StepEvent", "ModelHandle", "TrajscopeError"]

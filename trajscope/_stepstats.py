@@ -1,0 +1,148 @@
+"""Per-step statistics computed inside the generation trace, with torch alone.
+
+These functions run *while* a step executes (locally) or on the NDIF server
+(remotely, where this module is shipped by value with ``nnsight.register``), so
+they import nothing but torch and return small tensors. They reduce the big
+per-step tensors (attention probabilities, residual vectors, logits) to the
+numbers the tables keep; the definitions follow DESIGN.md:
+
+- attention entropy ``H = -Σ_j a_j log a_j`` over the keys a query sees, also
+  divided by ``log(#keys)``; ``prefix_mass = Σ_{j<P} a_j``; ``generated_mass =
+  Σ_{j≥P} a_j``; ``sink_mass = a_0``; ``sink4_mass = Σ_{j<4} a_j`` (StreamingLLM);
+  ``self_mass = a_i`` for the query's own position ``i``;
+- residual statistics per vector: L2 norm, mean, population variance, excess
+  kurtosis, max |x|, outliers ``|x| > 6`` (LLM.int8) and massive activations
+  ``|x| > 100`` and ``> 1000 ×`` the vector's median |x|;
+- next-token distribution: entropy of ``softmax(logits)`` in nats and the top-k.
+"""
+
+from __future__ import annotations
+
+import torch
+
+OUTLIER_ABS = 6.0
+MASSIVE_ABS = 100.0
+MASSIVE_RATIO = 1000.0
+ATTN_FIELDS = ("entropy", "entropy_norm", "prefix_mass", "generated_mass", "sink_mass", "sink4_mass", "self_mass")
+ACT_FIELDS = ("norm", "mean", "var", "kurtosis", "max_abs", "n_outliers", "n_massive")
+
+
+def attention_stats(a: torch.Tensor, prompt_len: int, first_query_pos: int, top_k: int = 8) -> dict:
+    """Telemetry of attention probabilities.
+
+    Args:
+        a: ``[..., q, k]`` probabilities; query row r sits at absolute position
+            ``first_query_pos + r`` and sees keys ``0..first_query_pos + r``.
+        prompt_len: P, the number of prompt positions.
+        first_query_pos: absolute position of the first query row.
+        top_k: how many top keys to keep per row.
+
+    Returns:
+        ``{"stats": [..., q, 7] float32 in ATTN_FIELDS order, "top_pos": [..., q, top_k] int32
+        (−1 pads rows with fewer keys), "top_w": [..., q, top_k] float32}``.
+    """
+    a = a.float()
+    q, k = a.shape[-2], a.shape[-1]
+    qpos = torch.arange(first_query_pos, first_query_pos + q, device=a.device)
+    ent = -torch.xlogy(a, a).sum(-1)
+    n_keys = (qpos + 1).to(torch.float32)
+    log_keys = torch.log(n_keys).clamp_min(1e-12)
+    ent_norm = torch.where(n_keys > 1, ent / log_keys, torch.zeros_like(ent))
+    prefix = a[..., :prompt_len].sum(-1)
+    generated = a[..., prompt_len:].sum(-1)
+    sink = a[..., 0]
+    sink4 = a[..., :4].sum(-1)
+    idx = qpos.view(*([1] * (a.dim() - 2)), q, 1).expand(*a.shape[:-1], 1)
+    self_mass = a.gather(-1, idx).squeeze(-1)
+    kk = min(top_k, k)
+    top_w, top_pos = a.topk(kk, dim=-1)
+    top_pos = top_pos.to(torch.int32)
+    invisible = top_pos > qpos.view(q, 1).to(torch.int32)
+    top_pos = top_pos.masked_fill(invisible, -1)
+    top_w = top_w.masked_fill(invisible, 0.0)
+    order = (top_w - invisible.to(top_w.dtype)).argsort(dim=-1, descending=True, stable=True)
+    top_pos, top_w = top_pos.gather(-1, order), top_w.gather(-1, order)  # padding (−1) last
+    if kk < top_k:
+        pad = (0, top_k - kk)
+        top_pos = torch.nn.functional.pad(top_pos, pad, value=-1)
+        top_w = torch.nn.functional.pad(top_w, pad, value=0.0)
+    stats = torch.stack([ent, ent_norm, prefix, generated, sink, sink4, self_mass], dim=-1)
+    return {"stats": stats, "top_pos": top_pos, "top_w": top_w}
+
+
+def residual_stats(x: torch.Tensor) -> torch.Tensor:
+    """Per-vector statistics of residual activations.
+
+    Args:
+        x: ``[..., d_model]``.
+
+    Returns:
+        ``[..., 7]`` float32 in ACT_FIELDS order (counts stored as floats).
+    """
+    x = x.float()
+    mean = x.mean(-1)
+    centred = x - mean.unsqueeze(-1)
+    var = centred.pow(2).mean(-1)
+    m4 = centred.pow(4).mean(-1)
+    kurt = torch.where(var > 0, m4 / var.pow(2).clamp_min(1e-30) - 3.0, torch.zeros_like(var))
+    ax = x.abs()
+    max_abs = ax.amax(-1)
+    n_out = (ax > OUTLIER_ABS).sum(-1).float()
+    med = ax.median(-1).values.unsqueeze(-1)
+    n_massive = ((ax > MASSIVE_ABS) & (ax > MASSIVE_RATIO * med)).sum(-1).float()
+    norm = x.norm(dim=-1)
+    return torch.stack([norm, mean, var, kurt, max_abs, n_out, n_massive], dim=-1)
+
+
+def token_stats(logits: torch.Tensor, top_k: int = 5) -> dict:
+    """Next-token distribution summaries.
+
+    Args:
+        logits: ``[q, vocab]``.
+
+    Returns:
+        ``{"logprobs": [q, vocab] float32, "entropy": [q], "top_ids": [q, top_k] int64,
+        "top_lp": [q, top_k]}``.
+    """
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    ent = -(lp.exp() * lp).sum(-1)
+    top_lp, top_ids = lp.topk(top_k, dim=-1)
+    return {"logprobs": lp, "entropy": ent, "top_ids": top_ids, "top_lp": top_lp}
+
+
+def step_record(step, first_pos, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> dict:
+    """Reduce one step's tensors to its record (all small tensors).
+
+    Args:
+        step: 0 for prefill, s ≥ 1 for decode; first_pos: position of the first query row.
+        P: prompt length; consumed: ``[q]`` ids fed to this step.
+        attn_rows: per layer ``[H, q, k]``; resid: per layer ``[q, d_model]``; logits: ``[q, vocab]``.
+        prev_lp: ``[vocab]`` log-probabilities of the previous step's last row (None at step 0).
+        opts: ``(residual_layers, attention_layers, top_k_keys, top_k_tokens)``.
+    Returns:
+        The record dict that :func:`trajscope.trajectory.build_tables` consumes; its
+        ``"last_lp"`` entry is the ``[vocab]`` log-probabilities of this step's last row.
+    """
+    res_layers, row_layers, top_k_keys, top_k_tokens = opts
+    q = consumed.shape[0]
+    if q == 1:
+        a_stats = attention_stats(torch.stack(attn_rows), P, first_pos, top_k_keys)
+    else:  # prefill: per layer, so P×P maps of every layer are never stacked at once
+        per = [attention_stats(a, P, first_pos, top_k_keys) for a in attn_rows]
+        a_stats = {k: torch.stack([p[k] for p in per]) for k in per[0]}
+    r_stats = residual_stats(torch.stack(resid))
+    t_stats = token_stats(logits, top_k_tokens)
+    lp = t_stats["logprobs"]
+    if step == 0:
+        chosen = lp[:-1].gather(-1, consumed[1:].unsqueeze(-1)).squeeze(-1)  # logprob of prompt tokens 1..P-1
+    else:
+        chosen = prev_lp[consumed[0]].reshape(1)
+    return {
+        "step": step, "first_pos": first_pos, "ids": consumed.detach().clone(),
+        "chosen_lp": chosen, "entropy": t_stats["entropy"], "top_ids": t_stats["top_ids"],
+        "top_lp": t_stats["top_lp"], "attn": a_stats["stats"], "top_pos": a_stats["top_pos"],
+        "top_w": a_stats["top_w"], "act": r_stats,
+        "resid": {layer: resid[layer].detach().clone() for layer in res_layers},
+        "rows": {layer: attn_rows[layer].detach().clone() for layer in row_layers},
+        "last_lp": lp[-1],
+    }
