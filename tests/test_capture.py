@@ -194,3 +194,15 @@ def test_remote_local_round_trip_matches_local(tiny_dirs):
     assert a.attention.drop("run_id").equals(b.attention.drop("run_id"))
     assert [e.step for e in events] == list(range(6))
     assert b.meta["model"]["remote"] == "local"
+
+
+def test_ctrl_c_keeps_finished_steps(tiny_models):
+    def on_step(ev):
+        if ev.step == 3:
+            raise KeyboardInterrupt
+
+    traj = ts.capture(tiny_models["gpt2"], PROMPT, max_new_tokens=20, stop_at_eos=False, on_step=on_step)
+    assert traj.meta["stop_reason"] == "interrupted"
+    assert traj.n_steps == 4  # steps 0..3: the interrupted step had finished its record
+    assert len(traj.token_ids) == traj.prompt_len + traj.n_steps - 1
+    assert traj.tokens["entropy"].null_count() == 0
