@@ -1,0 +1,100 @@
+"""Attention telemetry over decode steps, and phase jumps of the attended region.
+
+The ``attention`` table (see :mod:`trajscope.trajectory`) has one row per query
+position × layer × head. Step 0 (prefill) holds all P prompt queries; to put
+prefill on the same footing as a decode step, the functions here take the *last*
+prompt query (pos P − 1) as "the query of step 0": it is the row whose output
+produced the first generated token, exactly as the single query of decode step
+s produces token P + s.
+
+Phase jump (DESIGN.md): the top-attended region of a head at step s is the set
+of its top-k attended key positions (``top_pos``, k = 8 by default). The head
+*jumps* at step s when that set shares less than ``threshold`` (0.5) Jaccard
+similarity with the set at step s − 1:
+
+    J(s) = |T_s ∩ T_{s−1}| / |T_s ∪ T_{s−1}|,   jump(s) = J(s) < threshold.
+
+J is undefined at step 0 (null, never a jump).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+TELEMETRY_FIELDS = ("entropy", "entropy_norm", "prefix_mass", "generated_mass", "sink_mass", "sink4_mass",
+                    "self_mass")
+JUMP_THRESHOLD = 0.5
+
+
+def step_queries(attention: pl.DataFrame) -> pl.DataFrame:
+    """One query row per step × layer × head: the last prompt query for step 0, the decode query otherwise.
+
+    Args:
+        attention: the ``attention`` table (columns step, pos, layer, head, …).
+    Returns:
+        The same columns, ``n_steps × n_layers × n_heads`` rows, sorted by layer, head, step.
+    """
+    if attention.is_empty():
+        return attention
+    last0 = attention.filter(pl.col("step") == 0)["pos"].max()
+    keep = (pl.col("step") > 0) | (pl.col("pos") == last0)
+    return attention.filter(keep).sort("layer", "head", "step")
+
+
+def jaccard(a: list[int] | None, b: list[int] | None) -> float | None:
+    """Jaccard similarity |a ∩ b| / |a ∪ b| of two position sets (None when either is missing)."""
+    if a is None or b is None:
+        return None
+    sa, sb = set(a), set(b)
+    union = sa | sb
+    return len(sa & sb) / len(union) if union else 1.0
+
+
+def region_jumps(attention: pl.DataFrame, threshold: float = JUMP_THRESHOLD) -> pl.DataFrame:
+    """Top-k Jaccard between consecutive steps, per layer × head, and the phase-jump flag.
+
+    Args:
+        attention: the ``attention`` table (needs step, pos, layer, head, top_pos).
+        threshold: a step is a jump when its Jaccard with the previous step is below this.
+    Returns:
+        Frame with columns ``step, layer, head, jaccard (Float64, null at step 0), jump (Boolean)``;
+        one row per step × layer × head, sorted by layer, head, step.
+    """
+    q = step_queries(attention).select("step", "layer", "head", "top_pos")
+    if q.is_empty():
+        return pl.DataFrame(schema={"step": pl.Int32, "layer": pl.Int16, "head": pl.Int16,
+                                    "jaccard": pl.Float64, "jump": pl.Boolean})
+    prev = pl.col("top_pos").shift(1).over("layer", "head")
+    q = q.with_columns(prev.alias("_prev"))
+    inter = pl.col("top_pos").list.set_intersection(pl.col("_prev")).list.len()
+    union = pl.col("top_pos").list.set_union(pl.col("_prev")).list.len()
+    jac = pl.when(pl.col("_prev").is_null()).then(None).when(union == 0).then(1.0).otherwise(inter / union)
+    out = q.with_columns(jac.cast(pl.Float64).alias("jaccard"))
+    return out.with_columns((pl.col("jaccard") < threshold).fill_null(False).alias("jump")).select(
+        "step", "layer", "head", "jaccard", "jump")
+
+
+def step_telemetry(attention: pl.DataFrame, layer: int | None = None, head: int | None = None,
+                   threshold: float = JUMP_THRESHOLD) -> pl.DataFrame:
+    """Per-step attention telemetry for one head, a layer's mean over heads, or the mean over everything.
+
+    Args:
+        attention: the ``attention`` table.
+        layer: a layer index, or None to average over all layers.
+        head: a head index, or None to average over the heads (of ``layer``, or of all layers).
+        threshold: phase-jump threshold on the top-k Jaccard (see module docstring).
+    Returns:
+        One row per step: ``step``, the mean of each of :data:`TELEMETRY_FIELDS`, ``jaccard`` (mean over
+        the selected heads), ``jump_rate`` (fraction of selected heads that jump) and ``jump``
+        (``jump_rate ≥ 0.5``: the selected head jumps, or most of the selected heads do).
+    """
+    q = step_queries(attention)
+    jumps = region_jumps(attention, threshold)
+    if layer is not None:
+        q, jumps = q.filter(pl.col("layer") == layer), jumps.filter(pl.col("layer") == layer)
+    if head is not None:
+        q, jumps = q.filter(pl.col("head") == head), jumps.filter(pl.col("head") == head)
+    tele = q.group_by("step").agg(*[pl.col(f).mean() for f in TELEMETRY_FIELDS])
+    jj = jumps.group_by("step").agg(pl.col("jaccard").mean(), pl.col("jump").cast(pl.Float64).mean().alias("jump_rate"))
+    out = tele.join(jj, on="step", how="left").sort("step")
+    return out.with_columns((pl.col("jump_rate") >= 0.5).fill_null(False).alias("jump"))
