@@ -1,0 +1,49 @@
+"""Fixtures for the app tests: short runs of the sample model, and headless Chromium for the ``ui`` tests.
+
+Browser tests use Debian's Chromium (``/usr/bin/chromium``; Playwright cannot
+download browsers here) through pytest-playwright's ``browser_type_launch_args``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+import trajscope as ts
+
+CHROMIUM = "/usr/bin/chromium"
+PROMPT = "def fibonacci(n):\n    "
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Chromium is not installed (apt-get install -y chromium fonts-liberation)")
+    return {**browser_type_launch_args, "executable_path": CHROMIUM, "headless": True,
+            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync"]}
+
+
+@pytest.fixture(scope="session")
+def short_run(sample_model) -> ts.Trajectory:
+    """12 greedy decode steps of the sample model, full attention rows of layers 0 and 1."""
+    return ts.capture(sample_model, PROMPT, max_new_tokens=12, attention_layers=[0, 1])
+
+
+@pytest.fixture(scope="session")
+def short_run_dir(short_run, tmp_path_factory) -> pathlib.Path:
+    return short_run.save(tmp_path_factory.mktemp("runs") / "short")
+
+
+@pytest.fixture
+def fresh_models():
+    """Empty the app's shared model cache for the test, restoring it afterwards."""
+    from trajscope.ui import runner
+
+    saved = dict(runner._MODELS)
+    runner._MODELS.clear()
+    yield runner._MODELS
+    runner._MODELS.clear()
+    runner._MODELS.update(saved)

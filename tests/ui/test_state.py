@@ -1,0 +1,90 @@
+"""AppState: the step cursor, selections and settings, without Panel."""
+
+import polars as pl
+import pytest
+
+import trajscope as ts
+from trajscope.ui.state import MEAN, AppState, parse_layers, token_metric_choices
+
+
+def test_state_module_does_not_import_panel():
+    import ast
+    import pathlib
+
+    src = pathlib.Path(ts.__file__).parent / "ui" / "state.py"
+    names = {a.name.split(".")[0] for n in ast.walk(ast.parse(src.read_text()))
+             if isinstance(n, (ast.Import, ast.ImportFrom)) for a in getattr(n, "names", [])}
+    mods = {n.module.split(".")[0] for n in ast.walk(ast.parse(src.read_text()))
+            if isinstance(n, ast.ImportFrom) and n.module}
+    assert "panel" not in names | mods
+
+
+def test_set_trajectory_sets_bounds_and_choices(short_run):
+    st = AppState()
+    assert st.n_steps == 0
+    st.set_trajectory(short_run)
+    assert st.n_steps == short_run.n_steps == 12
+    assert st.param.step.bounds == (0, 11)
+    assert st.param.layer.objects == list(range(6))
+    assert list(st.param.head.objects.values()) == [MEAN, 0, 1, 2, 3]
+    assert st.revision == 1
+    assert len(st.queries) == 12 * 6 * 4
+
+
+def test_step_navigation_and_positions(short_run):
+    st = AppState(trajectory=short_run)
+    P = short_run.prompt_len
+    assert st.step == 0 and st.query_pos == P - 1
+    st.next()
+    assert st.step == 1 and st.query_pos == P
+    st.go(100)
+    assert st.step == 11
+    st.next()
+    assert st.step == 11
+    st.prev()
+    assert st.step == 10
+    st.go(-5)
+    assert st.step == 0
+    assert st.step_for_pos(0) == 0 and st.step_for_pos(P - 1) == 0
+    assert st.step_for_pos(P) == 1 and st.step_for_pos(P + 5) == 6
+    assert st.step_for_pos(len(short_run.tokens) - 1) == 11  # the last token was never a query: clamp
+
+
+def test_new_run_keeps_valid_selection(short_run, sample_model):
+    st = AppState(trajectory=short_run)
+    st.param.update(layer=3, head=2, step=9)
+    shorter = ts.capture(sample_model, "import os", max_new_tokens=4)
+    st.set_trajectory(shorter)
+    assert (st.layer, st.head) == (3, 2)
+    assert st.step == 3  # clamped into the shorter run
+
+
+def test_capture_kwargs_and_errors():
+    st = AppState(max_new_tokens=7, temperature=0.5, seed=3, keep_attention="0, 2")
+    assert st.capture_kwargs() == {"max_new_tokens": 7, "temperature": 0.5, "seed": 3, "attention_layers": [0, 2]}
+    st.prompt = "   "
+    with pytest.raises(ts.TrajscopeError, match="empty"):
+        st.capture_kwargs()
+    st.prompt = "x"
+    st.keep_attention = "0,9"
+    with pytest.raises(ts.TrajscopeError, match="layers 0..5"):
+        st.capture_kwargs(n_layers=6)
+    assert parse_layers("all") == "all" and parse_layers("none") is None and parse_layers("") is None
+    with pytest.raises(ts.TrajscopeError):
+        parse_layers("first")
+    st.model_source = " "
+    with pytest.raises(ts.TrajscopeError, match="model source"):
+        st.model_key()
+
+
+def test_report_and_repr_hide_the_key():
+    st = AppState(ndif_api_key="sk-secret-123")
+    st.report("Something went wrong.")
+    assert st.error == st.status == "Something went wrong."
+    assert "sk-secret" not in repr(st)
+
+
+def test_extra_token_columns_become_metrics(short_run):
+    tokens = short_run.tokens.with_columns(pl.lit(0.5).alias("sae_error"))
+    assert token_metric_choices(tokens)["sae_error"] == "sae_error"
+    assert "pos" not in token_metric_choices(tokens).values()

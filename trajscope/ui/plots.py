@@ -1,0 +1,342 @@
+"""Plot builders: Polars frames (or arrays) in, HoloViews elements out. Pure functions.
+
+Every builder takes plain data and returns a HoloViews element; nothing here
+reads app state or imports Panel, so a plot is reproducible from a run directory
+and unit-testable. Builders come in two kinds, so that moving the step cursor
+redraws almost nothing:
+
+- *base* plots that depend on the run and the selection (token strip, attention
+  heatmap, telemetry curves);
+- *cursors* that depend on the step only (current token outline, current query
+  row, current-step line), overlaid on the bases by the views.
+
+Axes follow DESIGN.md: ``pos`` is the absolute token position, ``step`` 0 is
+prefill, step s ≥ 1 queries position ``P + s − 1``.
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import holoviews.plotting.bokeh  # noqa: F401  (registers the bokeh backend's plot options)
+import numpy as np
+import polars as pl
+
+from trajscope.metrics.attention import TELEMETRY_FIELDS
+
+hv.Store.set_current_backend("bokeh")
+
+PREFILL_COLOR, DECODE_COLOR, CURSOR_COLOR, JUMP_COLOR = "#6c757d", "#1f77b4", "#d62728", "#ff7f0e"
+CURVE_COLORS = {"entropy_norm": "#1f77b4", "prefix_mass": "#2ca02c", "generated_mass": "#9467bd",
+                "sink_mass": "#8c564b", "sink4_mass": "#e377c2", "self_mass": "#17becf", "entropy": "#1f77b4"}
+CURVE_LABELS = {"entropy": "attention entropy (nats)", "entropy_norm": "attention entropy / log(#keys)",
+                "prefix_mass": "prefix (prompt) mass", "generated_mass": "generated mass",
+                "sink_mass": "sink mass (pos 0)", "sink4_mass": "sink mass (pos 0–3)", "self_mass": "self mass"}
+METRIC_CMAPS = {"entropy": "viridis", "logprob": "magma", "drift": "RdBu_r"}
+_WS = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "␍"})
+
+
+def visible(text: str | None) -> str:
+    """Token text with whitespace made visible (space ·, newline ↵, tab →)."""
+    return (text or "").translate(_WS) or "∅"
+
+
+# -- token strip ---------------------------------------------------------------------------------
+def token_metric_values(tokens: pl.DataFrame, metric: str, drift: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per-position values of a token-colouring metric.
+
+    Args:
+        tokens: the ``tokens`` table.
+        metric: a numeric column of ``tokens`` (``entropy``, ``logprob``, or any added per-token column),
+            or ``"drift"`` (then ``drift`` must be the frame of :func:`trajscope.metrics.drift.position_drift`).
+    Returns:
+        ``pos, value`` (Float64, null where undefined), one row per token.
+    """
+    if metric == "drift":
+        base = tokens.select("pos")
+        if drift is None or drift.is_empty():
+            return base.with_columns(pl.lit(None, dtype=pl.Float64).alias("value"))
+        return base.join(drift.select("pos", pl.col("drift").alias("value")), on="pos", how="left")
+    return tokens.select("pos", pl.col(metric).cast(pl.Float64).fill_nan(None).alias("value"))
+
+
+def token_layout(tokens: pl.DataFrame, values: pl.DataFrame | None = None, wrap: int = 110) -> pl.DataFrame:
+    """Lay tokens out as boxes on wrapped lines, one character = one x unit, one line = one y unit.
+
+    Args:
+        tokens: the ``tokens`` table (pos, step, phase, text).
+        values: ``pos, value`` from :func:`token_metric_values` (colour), or None.
+        wrap: characters per line.
+    Returns:
+        One row per token: ``pos, step, phase, label, text, value, x0, x1, y0, y1, xc, yc``
+        (line r spans y ∈ [−r−1, −r]; a newline token ends its line).
+    """
+    labels = [visible(t) for t in tokens["text"].to_list()]
+    x0s, y0s, widths = [], [], []
+    x, row = 0.0, 0
+    for label, raw in zip(labels, tokens["text"].to_list()):
+        w = float(min(len(label), wrap)) + 0.4
+        if x + w > wrap and x > 0:
+            x, row = 0.0, row + 1
+        x0s.append(x)
+        y0s.append(-row - 1.0)
+        widths.append(w)
+        x += w
+        if raw and raw.endswith("\n"):
+            x, row = 0.0, row + 1
+    x0 = np.array(x0s, dtype=np.float64)
+    w = np.array(widths, dtype=np.float64)
+    y0 = np.array(y0s, dtype=np.float64)
+    out = tokens.select("pos", "step", "phase", pl.col("text")).with_columns(
+        pl.Series("label", labels, dtype=pl.String), pl.Series("x0", x0 + 0.05), pl.Series("x1", x0 + w - 0.05),
+        pl.Series("y0", y0 + 0.08), pl.Series("y1", y0 + 0.92), pl.Series("xc", x0 + w / 2), pl.Series("yc", y0 + 0.5))
+    if values is not None:
+        out = out.join(values.select("pos", "value"), on="pos", how="left")
+    else:
+        out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias("value"))
+    return out
+
+
+def token_at(layout: pl.DataFrame, x: float | None, y: float | None) -> int | None:
+    """Position of the token box containing (x, y), or None."""
+    if x is None or y is None:
+        return None
+    hit = layout.filter((pl.col("x0") <= x) & (pl.col("x1") >= x) & (pl.col("y0") - 0.08 <= y) & (pl.col("y1") + 0.08 >= y))
+    return None if hit.is_empty() else int(hit["pos"][0])
+
+
+def token_strip(layout: pl.DataFrame, prompt_len: int, metric_label: str = "value", cmap: str = "viridis",
+                height_lines: int = 8) -> hv.Overlay:
+    """Token boxes coloured by a metric, whitespace visible, the prefill/decode boundary as a red bar.
+
+    Args:
+        layout: from :func:`token_layout`.
+        prompt_len: P; the bar is drawn before the token at pos P.
+    Returns:
+        Overlay of ``Rectangles`` (colour = value, hover shows pos/step/value), ``Labels`` and ``Segments``.
+    """
+    df = layout.with_columns(pl.col("value").fill_null(float("nan")))
+    n_lines = int(-df["y0"].min() + 0.5) if len(df) else 1
+    data = {c: df[c].to_numpy() for c in ("x0", "y0", "x1", "y1", "value", "pos", "step")}
+    data["token"] = df["label"].to_list()
+    data["phase"] = df["phase"].to_list()
+    rects = hv.Rectangles(data, kdims=["x0", "y0", "x1", "y1"], vdims=["value", "pos", "step", "token", "phase"])
+    vals = df["value"].drop_nans()
+    lo, hi = (float(vals.min()), float(vals.max())) if len(vals) else (0.0, 1.0)
+    if cmap == "RdBu_r":
+        m = max(abs(lo), abs(hi), 1e-9)
+        lo, hi = -m, m
+    rects = rects.opts(color="value", cmap=cmap, clim=(lo, hi if hi > lo else lo + 1e-9), colorbar=True,
+                       colorbar_opts={"title": metric_label}, line_color="white", tools=["hover", "tap"],
+                       hover_tooltips=[("pos", "@pos"), ("step", "@step"), ("token", "@token"), ("phase", "@phase"),
+                                       (metric_label, "@value{0.000}")],
+                       clipping_colors={"NaN": "#e0e0e0"}, nonselection_alpha=1.0, selection_alpha=1.0)
+    labels = hv.Labels({"x": df["xc"].to_numpy(), "y": df["yc"].to_numpy(), "text": df["label"].to_list()},
+                       kdims=["x", "y"], vdims=["text"]).opts(text_font="monospace", text_font_size="9pt",
+                                                             text_color="black")
+    b = layout.filter(pl.col("pos") == prompt_len)
+    segs = {"x0": [], "y0": [], "x1": [], "y1": []}
+    if len(b):
+        x, y0 = float(b["x0"][0]) - 0.05, float(b["y0"][0]) - 0.08
+        segs = {"x0": [x], "y0": [y0], "x1": [x], "y1": [y0 + 1.0]}
+    bar = hv.Segments(segs, kdims=["x0", "y0", "x1", "y1"]).opts(color=CURSOR_COLOR, line_width=4)
+    ymin = -min(n_lines, height_lines)
+    return (rects * labels * bar).opts(
+        xaxis=None, yaxis=None, ylim=(ymin - 0.05, 0.05), xlim=(-0.5, max(float(df["x1"].max() or 1), 20.0) + 0.5),
+        height=34 * min(n_lines, height_lines) + 60, responsive=True, toolbar="right", show_grid=False,
+        active_tools=["tap"], default_tools=["ypan", "reset"], title="Tokens — prompt | generated (click a token to jump to its step)")
+
+
+def token_cursor_boxes(layout: pl.DataFrame, query_pos: int, produced_pos: int | None = None) -> list[dict]:
+    """Outline boxes of the current step's query token and of the token it produced.
+
+    Returns:
+        Two dicts ``{left, right, bottom, top, visible}`` (query, produced), in strip coordinates;
+        ``visible`` is False for a position not in the layout.
+    """
+    out = []
+    for pos in (query_pos, produced_pos):
+        hit = layout.filter(pl.col("pos") == pos) if pos is not None else layout.head(0)
+        if len(hit):
+            out.append({"left": float(hit["x0"][0]) - 0.1, "right": float(hit["x1"][0]) + 0.1,
+                        "bottom": float(hit["y0"][0]) - 0.06, "top": float(hit["y1"][0]) + 0.06, "visible": True})
+        else:
+            out.append({"left": 0.0, "right": 0.0, "bottom": 0.0, "top": 0.0, "visible": False})
+    return out
+
+
+def token_cursor(layout: pl.DataFrame, query_pos: int, produced_pos: int | None = None) -> hv.Rectangles:
+    """:func:`token_cursor_boxes` as a HoloViews element (query solid, produced dashed), for static figures."""
+    boxes = token_cursor_boxes(layout, query_pos, produced_pos)
+    rows = [(b["left"], b["bottom"], b["right"], b["top"], role) for b, role in zip(boxes, ("query", "produced"))
+            if b["visible"]]
+    data = {k: [r[i] for r in rows] for i, k in enumerate(("x0", "y0", "x1", "y1", "role"))}
+    return hv.Rectangles(data, kdims=["x0", "y0", "x1", "y1"], vdims=["role"]).opts(
+        fill_alpha=0.0, line_color=CURSOR_COLOR, line_width=hv.dim("role").categorize({"query": 3, "produced": 1.5}),
+        line_dash=hv.dim("role").categorize({"query": "solid", "produced": "dashed"}), tools=[])
+
+
+# -- attention ------------------------------------------------------------------------------------
+def attention_matrix(attention: pl.DataFrame, layer: int, head: int | None, n_pos: int) -> np.ndarray:
+    """Sparse query × key matrix from the table's top-k keys, for layers whose full rows were not kept.
+
+    Args:
+        attention: the ``attention`` table (pos, layer, head, top_pos, top_w).
+        head: a head index, or None for the mean over heads.
+    Returns:
+        ``[n_pos, n_pos]`` float32, query × key; only each row's top-k weights are non-zero.
+    """
+    df = attention.filter(pl.col("layer") == layer)
+    n_heads = int(df["head"].n_unique()) if len(df) else 1
+    if head is not None:
+        df, n_heads = df.filter(pl.col("head") == head), 1
+    ex = df.select("pos", "top_pos", "top_w").explode("top_pos", "top_w").drop_nulls()
+    out = np.zeros((n_pos, n_pos), dtype=np.float32)
+    q, k, w = ex["pos"].to_numpy(), ex["top_pos"].to_numpy(), ex["top_w"].to_numpy()
+    ok = (q < n_pos) & (k < n_pos)
+    np.add.at(out, (q[ok], k[ok]), w[ok] / n_heads)
+    return out
+
+
+def attention_heatmap(matrix: np.ndarray, prompt_len: int, title: str = "Attention", sparse: bool = False) -> hv.Overlay:
+    """Heatmap of attention weights, query position (rows, top = first) × key position (columns).
+
+    Args:
+        matrix: ``[n_query, n_key]`` weights (rows = query positions 0..n−1).
+        prompt_len: P; dashed lines separate prompt from generated keys (vertical) and the prefill
+            queries of step 0 from the decode steps (horizontal).
+        sparse: the matrix only holds top-k weights (said in the title).
+    Returns:
+        Overlay of ``Image`` (query × key) and the two boundary lines.
+    """
+    nq, nk = matrix.shape
+    img = hv.Image(np.ascontiguousarray(matrix[::-1]), bounds=(-0.5, -0.5, nk - 0.5, nq - 0.5),
+                   kdims=["key_pos", "query_pos"], vdims=["weight"])
+    vmax = float(matrix.max()) if matrix.size else 1.0
+    img = img.opts(cmap="Blues", clim=(0.0, vmax if vmax > 0 else 1.0), cnorm="eq_hist", colorbar=True,
+                   colorbar_opts={"title": "weight"}, invert_yaxis=True, tools=["hover"],
+                   xlabel="key position (attended token)", ylabel="query position (step 0 = prompt rows)")
+    line = {"line_dash": "dashed", "line_color": CURSOR_COLOR, "line_width": 1.5}
+    suffix = " (top-8 keys only: full rows not kept for this layer)" if sparse else ""
+    return (img * hv.VLine(prompt_len - 0.5).opts(**line) * hv.HLine(prompt_len - 0.5).opts(**line)).opts(
+        title=title + suffix, responsive=True, height=420, toolbar="right")
+
+
+def attention_cursor_box(step: int, prompt_len: int, n_keys: int) -> dict:
+    """Box around the rows queried at ``step`` (all prompt rows at step 0, row P + s − 1 after).
+
+    Returns:
+        ``{left, right, bottom, top}`` in heatmap coordinates (key pos, query pos).
+    """
+    lo, hi = (0, prompt_len - 1) if step == 0 else (prompt_len + step - 1, prompt_len + step - 1)
+    return {"left": -0.5, "right": n_keys - 0.5, "bottom": lo - 0.5, "top": hi + 0.5}
+
+
+def attention_cursor(step: int, prompt_len: int, n_keys: int) -> hv.Rectangles:
+    """:func:`attention_cursor_box` as a HoloViews element, for static figures."""
+    b = attention_cursor_box(step, prompt_len, n_keys)
+    return hv.Rectangles([(b["left"], b["bottom"], b["right"], b["top"])], kdims=["x0", "y0", "x1", "y1"]).opts(
+        fill_alpha=0.0, line_color=CURSOR_COLOR, line_width=2)
+
+
+def head_box(layer: int, head: int | None, n_heads: int) -> dict:
+    """Outline of the selected layer × head cell (the whole layer row when ``head`` is None)."""
+    x0, x1 = (head - 0.5, head + 0.5) if head is not None else (-0.5, n_heads - 0.5)
+    return {"left": x0, "right": x1, "bottom": layer - 0.5, "top": layer + 0.5}
+
+
+def head_grid(queries: pl.DataFrame, step: int, stat: str) -> hv.Image:
+    """Layer × head grid of one statistic at one step (outline the selection with :func:`head_box`).
+
+    Args:
+        queries: one row per step × layer × head (:func:`trajscope.metrics.attention.step_queries`).
+        stat: a column of :data:`TELEMETRY_FIELDS`.
+    Returns:
+        ``Image`` of shape ``[n_layers, n_heads]``: x = head, y = layer (cell centres at integers,
+        layer 0 on top), value = ``stat`` (NaN where the step has no row).
+    """
+    n_heads = int(queries["head"].max() or 0) + 1 if len(queries) else 1
+    n_layers = int(queries["layer"].max() or 0) + 1 if len(queries) else 1
+    df = queries.filter(pl.col("step") == step)
+    grid = np.full((n_layers, n_heads), np.nan)
+    grid[df["layer"].to_numpy(), df["head"].to_numpy()] = df[stat].cast(pl.Float64).to_numpy()
+    img = hv.Image(grid[::-1], bounds=(-0.5, -0.5, n_heads - 0.5, n_layers - 0.5), kdims=["head", "layer"],
+                   vdims=[hv.Dimension(stat, label=CURVE_LABELS.get(stat, stat))])
+    clim = (0.0, 1.0) if stat != "entropy" else (0.0, float(queries[stat].max() or 1.0))
+    return img.opts(cmap="viridis", clim=clim, colorbar=True, tools=["hover"], invert_yaxis=True, xlabel="head",
+                    ylabel="layer", colorbar_opts={"title": CURVE_LABELS.get(stat, stat)},
+                    title=f"{CURVE_LABELS.get(stat, stat)}, every layer × head at the current step",
+                    responsive=True, height=300, toolbar=None, xticks=list(range(n_heads)), yticks=list(range(n_layers)))
+
+
+def top_attended(queries: pl.DataFrame, tokens: pl.DataFrame, step: int, layer: int, head: int | None,
+                 k: int = 8) -> pl.DataFrame:
+    """The keys the current step's query attends to most, as text.
+
+    Args:
+        queries: one row per step × layer × head (top_pos, top_w lists).
+        head: a head, or None for the mean over the layer's heads (weights summed over heads / n_heads,
+            from each head's top-k: a lower bound of the true mean weight).
+    Returns:
+        ``rank, pos, phase, token, weight``, at most ``k`` rows, heaviest first.
+    """
+    df = queries.filter((pl.col("step") == step) & (pl.col("layer") == layer))
+    n = max(1, len(df))
+    if head is not None:
+        df, n = df.filter(pl.col("head") == head), 1
+    ex = df.select("top_pos", "top_w").explode("top_pos", "top_w").drop_nulls()
+    agg = ex.group_by("top_pos").agg((pl.col("top_w").sum() / n).alias("weight")).sort("weight", descending=True).head(k)
+    agg = agg.rename({"top_pos": "pos"}).with_columns(pl.col("pos").cast(tokens["pos"].dtype))
+    out = agg.join(tokens.select("pos", "phase", "text"), on="pos", how="left").sort("weight", descending=True)
+    return out.with_columns(pl.int_range(1, pl.len() + 1).alias("rank"),
+                            pl.col("text").map_elements(visible, return_dtype=pl.String).alias("token")).select(
+        "rank", "pos", "phase", "token", pl.col("weight").cast(pl.Float64))
+
+
+# -- telemetry ------------------------------------------------------------------------------------
+def telemetry_plot(tele: pl.DataFrame, fields: tuple[str, ...] = ("entropy_norm", "prefix_mass", "generated_mass", "sink_mass"),
+                   title: str = "Attention telemetry over steps") -> hv.Overlay:
+    """Curves over steps of attention statistics (all in [0, 1]) and phase-jump markers.
+
+    Args:
+        tele: :func:`trajscope.metrics.attention.step_telemetry` output (step, fields…, jump).
+        fields: columns to draw.
+    Returns:
+        Overlay of one ``Curve`` per field and a ``Scatter`` of steps flagged as phase jumps (at y = 1.02).
+    """
+    curves = [hv.Curve((tele["step"].to_numpy(), tele[f].cast(pl.Float64).to_numpy()), "step", hv.Dimension("value", range=(0, 1.05)),
+                       label=CURVE_LABELS.get(f, f)).opts(color=CURVE_COLORS.get(f, "black"), line_width=1.8,
+                                                          tools=["hover", "tap"])
+              for f in fields]
+    jumps = tele.filter(pl.col("jump"))
+    scatter = hv.Scatter((jumps["step"].to_numpy(), np.full(len(jumps), 1.02)), "step", "value",
+                         label="phase jump (top-8 Jaccard < 0.5)").opts(color=JUMP_COLOR, marker="inverted_triangle", size=9)
+    return hv.Overlay([*curves, scatter]).opts(
+        title=title, responsive=True, height=300, legend_position="right", xlabel="step (0 = prefill)",
+        ylabel="fraction", show_grid=True, toolbar="right")
+
+
+def next_token_plot(tokens: pl.DataFrame, prompt_len: int) -> hv.Overlay:
+    """Next-token entropy and the chosen token's −logprob over steps (the model's own uncertainty).
+
+    Step s (≥ 1) reads the distribution at pos P + s − 1; step 0 reads it at pos P − 1.
+    """
+    df = tokens.filter(pl.col("pos") >= prompt_len - 1).with_columns(
+        (pl.col("pos") - prompt_len + 1).alias("s"), pl.col("logprob").shift(-1).alias("next_lp"))
+    df = df.filter(pl.col("entropy").is_not_null())
+    ent = hv.Curve((df["s"].to_numpy(), df["entropy"].cast(pl.Float64).to_numpy()), "step", "nats",
+                   label="next-token entropy").opts(color="#1f77b4", tools=["hover", "tap"])
+    nll = hv.Curve((df["s"].to_numpy(), (-df["next_lp"].cast(pl.Float64)).to_numpy()), "step", "nats",
+                   label="−logprob of produced token").opts(color="#ff7f0e", tools=["hover", "tap"])
+    return (ent * nll).opts(title="Next-token distribution over steps", responsive=True, height=220,
+                            legend_position="right", xlabel="step (0 = prefill)", ylabel="nats", show_grid=True)
+
+
+def step_cursor(step: int) -> hv.VLine:
+    """Vertical line at the current step (overlaid on telemetry plots)."""
+    return hv.VLine(float(step)).opts(color=CURSOR_COLOR, line_width=2)
+
+
+__all__ = ["visible", "token_metric_values", "token_layout", "token_at", "token_strip", "token_cursor_boxes",
+           "token_cursor", "attention_matrix", "attention_heatmap", "attention_cursor_box", "attention_cursor",
+           "head_grid", "head_box", "top_attended",
+           "telemetry_plot", "next_token_plot", "step_cursor", "TELEMETRY_FIELDS"]

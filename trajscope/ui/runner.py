@@ -1,0 +1,147 @@
+"""Running a capture for the app: a shared model cache and a background generation job.
+
+Models are big and sessions are many, so one loaded :class:`~trajscope.model.ModelHandle`
+per ``(source, remote)`` lives in a module-level cache shared by every session;
+:func:`trajscope.capture` holds ``model.lock`` while it generates, so two
+sessions asking at once take turns instead of interleaving on one model.
+
+:class:`GenerationJob` runs load + capture on a worker thread so the event loop
+stays free. It never touches Panel: every result goes through ``dispatch``, a
+callable the view supplies that runs a function on the session's event loop
+(in tests, ``dispatch`` can simply call it). Progress events are forwarded every
+step (cheap); a partial :class:`~trajscope.Trajectory` (which costs a table
+build) at most every ``partial_every_s`` seconds.
+
+The NDIF API key is passed to :func:`trajscope.load_model` through the
+``NDIF_API_KEY`` environment variable only for the duration of the load (under a
+lock, restored in ``finally``); it is not stored in the cache key, the run or
+any message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from trajscope.capture import capture
+from trajscope.errors import TrajscopeError
+from trajscope.model import ModelHandle, load_model
+
+_MODELS: dict[tuple, ModelHandle] = {}
+_MODELS_LOCK = threading.Lock()
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _api_key_env(key: str | None):
+    """Set ``NDIF_API_KEY`` for the body only (restored afterwards, even on error)."""
+    if not key:
+        yield
+        return
+    with _ENV_LOCK:
+        old = os.environ.get("NDIF_API_KEY")
+        os.environ["NDIF_API_KEY"] = key
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("NDIF_API_KEY", None)
+            else:
+                os.environ["NDIF_API_KEY"] = old
+
+
+def get_model(source: str, remote: bool = False, api_key: str | None = None,
+              loader: Callable[..., ModelHandle] | None = None) -> ModelHandle:
+    """The shared :class:`~trajscope.model.ModelHandle` for ``source`` (loaded on first use).
+
+    Args:
+        source: what :func:`trajscope.load_model` accepts.
+        remote: NDIF remote model.
+        api_key: NDIF key (remote only); part of the cache identity as a hash, never stored in clear.
+        loader: replaces :func:`trajscope.load_model` (tests).
+    Raises:
+        TrajscopeError: from the loader, one sentence.
+    """
+    key_id = hashlib.sha256(api_key.encode()).hexdigest()[:12] if (remote and api_key) else None
+    cache_key = (source, bool(remote), key_id)
+    with _MODELS_LOCK:
+        if cache_key in _MODELS:
+            return _MODELS[cache_key]
+        load = loader or load_model
+        if remote and not api_key and not os.environ.get("NDIF_API_KEY"):
+            raise TrajscopeError("Remote (NDIF) models need an API key: paste it in the API key field (get one at ndif.us).")
+        with _api_key_env(api_key if remote else None):
+            model = load(source, remote=True) if remote else load(source)
+        _MODELS[cache_key] = model
+        return model
+
+
+def _scrub(message: str, secret: str | None) -> str:
+    return message.replace(secret, "***") if secret else message
+
+
+class GenerationJob:
+    """Load (cached) + capture on a worker thread, reporting through ``dispatch``.
+
+    Args:
+        source, remote, api_key: the model (see :func:`get_model`).
+        prompt: text to continue.
+        capture_kwargs: passed to :func:`trajscope.capture` (max_new_tokens, temperature, …).
+        dispatch: ``dispatch(fn)`` runs ``fn()`` on the UI's event loop.
+        on_progress: ``(event: StepEvent)`` after each step.
+        on_partial: ``(traj)`` with the steps so far, throttled to ``partial_every_s``.
+        on_done: ``(traj)`` with the finished (or cancelled) run.
+        on_error: ``(message: str)`` one sentence; the API key is scrubbed from it.
+        layer_check: ``(n_layers) -> capture_kwargs`` re-validates settings once the model is known.
+    """
+
+    def __init__(self, source: str, prompt: str, capture_kwargs: dict, dispatch: Callable[[Callable[[], None]], None],
+                 on_progress: Callable[[Any], None], on_partial: Callable[[Any], None],
+                 on_done: Callable[[Any], None], on_error: Callable[[str], None], remote: bool = False,
+                 api_key: str | None = None, partial_every_s: float = 0.5,
+                 layer_check: Callable[[int], dict] | None = None, loader: Callable | None = None):
+        self.source, self.prompt, self.kwargs = source, prompt, dict(capture_kwargs)
+        self.remote, self._api_key = remote, api_key
+        self.dispatch = dispatch
+        self.on_progress, self.on_partial, self.on_done, self.on_error = on_progress, on_partial, on_done, on_error
+        self.partial_every_s = partial_every_s
+        self.layer_check, self.loader = layer_check, loader
+        self.cancel = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="trajscope-generate", daemon=True)
+        self._last_partial = 0.0
+
+    def start(self) -> "GenerationJob":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Ask the capture to end after the current step (it keeps the steps it has)."""
+        self.cancel.set()
+
+    def _on_step(self, event: Any) -> None:
+        self.dispatch(lambda: self.on_progress(event))
+        now = time.monotonic()
+        if now - self._last_partial >= self.partial_every_s:
+            self._last_partial = now
+            traj = event.partial()
+            self.dispatch(lambda: self.on_partial(traj))
+
+    def _run(self) -> None:
+        try:
+            model = get_model(self.source, self.remote, self._api_key, loader=self.loader)
+            kwargs = self.layer_check(model.n_layers) if self.layer_check else self.kwargs
+            self._last_partial = time.monotonic()
+            traj = capture(model, self.prompt, on_step=self._on_step, cancel=self.cancel, **kwargs)
+        except TrajscopeError as exc:
+            msg = _scrub(str(exc), self._api_key)
+            self.dispatch(lambda: self.on_error(msg))
+        except Exception as exc:  # an unexpected failure still leaves the app usable
+            first = (str(exc).splitlines() or [""])[0]
+            msg = _scrub(f"Generation failed: {type(exc).__name__}: {first}", self._api_key)
+            self.dispatch(lambda: self.on_error(msg))
+        else:
+            self.dispatch(lambda: self.on_done(traj))

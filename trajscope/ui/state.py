@@ -1,0 +1,202 @@
+"""AppState: everything the trajscope app shows, as ``param`` parameters (no Panel here).
+
+One :class:`AppState` per browser session (or notebook cell). Views read it and
+write it through widgets; plots are recomputed from it. The state knows the
+vocabulary of DESIGN.md: the player moves over *steps* 0..n_steps−1, step 0 is
+the prefill pass and step s ≥ 1 is the decode pass whose query is the token at
+``pos = P + s − 1``. A token at position ``pos`` is therefore reached at step
+``max(0, pos − P + 1)``.
+
+Also here: the generation settings a user types (model source, prompt, sampling,
+layers to keep) turned into :func:`trajscope.capture` keyword arguments, and the
+status line / error message that views show as notifications. The NDIF API key
+lives only in this object's memory: it is never written into a run's meta, an
+export or a log line.
+"""
+
+from __future__ import annotations
+
+import param
+import polars as pl
+
+from trajscope.errors import TrajscopeError
+from trajscope.metrics.attention import TELEMETRY_FIELDS, step_queries
+from trajscope.trajectory import Trajectory
+
+DEMO_PROMPT = "def fibonacci(n):\n    "
+MEAN = -1  # head index meaning "mean over heads"
+TOKEN_METRICS = {"next-token entropy (nats)": "entropy", "logprob of the token": "logprob",
+                 "residual drift (z vs prefill)": "drift"}
+_NOT_METRICS = {"pos", "step", "token_id", "entropy", "logprob"}
+
+
+def token_metric_choices(tokens: pl.DataFrame) -> dict[str, str]:
+    """Token-colouring metrics for a ``tokens`` table: the built-in ones plus any extra numeric column.
+
+    Extra per-token columns (e.g. an SAE reconstruction error added by a later analysis) appear
+    under their column name.
+    """
+    extra = {c: c for c, t in tokens.schema.items() if t.is_numeric() and c not in _NOT_METRICS}
+    return {**TOKEN_METRICS, **extra}
+
+
+def parse_layers(text: str, n_layers: int | None = None) -> str | list[int] | None:
+    """Parse a "layers to keep" field: ``"all"``, ``"none"``/empty, or comma-separated indices.
+
+    Raises:
+        TrajscopeError: for anything else, or an index outside ``0..n_layers-1`` when known.
+    """
+    text = (text or "").strip().lower()
+    if text in ("", "none"):
+        return None
+    if text == "all":
+        return "all"
+    try:
+        layers = sorted({int(t) for t in text.replace(" ", ",").split(",") if t})
+    except ValueError:
+        raise TrajscopeError(f"Layers to keep must be 'all', 'none' or indices like '0,3', not '{text}'.") from None
+    if n_layers is not None and any(not 0 <= layer < n_layers for layer in layers):
+        raise TrajscopeError(f"Layers to keep: the model has layers 0..{n_layers - 1}, not {layers}.")
+    return layers
+
+
+class AppState(param.Parameterized):
+    """What the app shows and the settings of the next generation."""
+
+    # -- the run and the cursor ---------------------------------------------------------------
+    trajectory = param.ClassSelector(class_=Trajectory, allow_None=True, doc="The run on screen (None before the first one).")
+    revision = param.Integer(default=0, doc="Bumped whenever a new trajectory is set; plots that depend on the whole run watch it.")
+    step = param.Integer(default=0, bounds=(0, 0), doc="Current step: 0 = prefill, s ≥ 1 = decode step s (query at pos P+s−1).")
+    playing = param.Boolean(default=False, doc="Whether the step player is advancing on its own.")
+    play_interval = param.Integer(default=300, bounds=(30, 5000), doc="Milliseconds between steps while playing.")
+
+    # -- what to look at ---------------------------------------------------------------------
+    layer = param.Selector(default=0, objects=[0], doc="Layer shown in the attention heatmap and the telemetry.")
+    head = param.Selector(default=MEAN, objects={"mean over heads": MEAN}, doc="Head shown (or the mean over heads).")
+    grid_stat = param.Selector(default="entropy_norm", objects=list(TELEMETRY_FIELDS),
+                               doc="Statistic shown in the layer × head grid at the current step.")
+    telemetry_average = param.Boolean(default=False, doc="Telemetry averaged over all layers and heads instead of the selection.")
+    token_metric = param.Selector(default="entropy", objects=dict(TOKEN_METRICS), doc="Per-token metric that colours the token strip.")
+
+    # -- generation settings -------------------------------------------------------------------
+    model_source = param.String(default="sample", doc="'sample', a local model directory, a cached Hugging Face name, or an NDIF model name.")
+    remote = param.Boolean(default=False, doc="Run on NDIF (needs an API key).")
+    ndif_api_key = param.String(default="", doc="NDIF API key; kept in memory only, never saved, exported or logged.")
+    prompt = param.String(default=DEMO_PROMPT, doc="Prompt text to continue.")
+    max_new_tokens = param.Integer(default=64, bounds=(1, 4096), doc="Decode steps to run at most.")
+    temperature = param.Number(default=0.0, bounds=(0.0, 5.0), doc="0 = greedy; > 0 samples with this temperature.")
+    seed = param.Integer(default=0, doc="Random seed for sampling (ignored when greedy).")
+    keep_attention = param.String(default="all", doc="Layers whose full attention rows are kept for the heatmap: 'all', 'none' or '0,3'.")
+    run_path = param.String(default="", doc="Path of a saved run directory to open.")
+
+    # -- activity ----------------------------------------------------------------------------
+    busy = param.Boolean(default=False, doc="A generation is running.")
+    progress = param.Integer(default=0, doc="Steps finished by the running generation.")
+    progress_max = param.Integer(default=1, doc="Steps planned by the running generation.")
+    live_text = param.String(default="", doc="Text generated so far by the running generation.")
+    status = param.String(default="", doc="One-line status shown under the controls.")
+    error = param.String(default="", doc="Last error, one sentence (views show it as a notification).")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._queries: pl.DataFrame | None = None
+        if self.trajectory is not None:
+            self.set_trajectory(self.trajectory)
+
+    # -- derived facts -------------------------------------------------------------------------
+    @property
+    def n_steps(self) -> int:
+        """Steps in the current run (0 when none)."""
+        return 0 if self.trajectory is None else max(1, self.trajectory.n_steps)
+
+    @property
+    def prompt_len(self) -> int:
+        return 0 if self.trajectory is None else self.trajectory.prompt_len
+
+    @property
+    def query_pos(self) -> int:
+        """Position of the current step's query (the last prompt token at step 0)."""
+        return self.prompt_len - 1 if self.step == 0 else self.prompt_len + self.step - 1
+
+    @property
+    def queries(self) -> pl.DataFrame:
+        """One attention row per step × layer × head (see :func:`trajscope.metrics.attention.step_queries`)."""
+        if self._queries is None:
+            self._queries = step_queries(self.trajectory.attention) if self.trajectory is not None else pl.DataFrame()
+        return self._queries
+
+    def step_for_pos(self, pos: int) -> int:
+        """The step at which position ``pos`` is the query, clamped to the run's steps."""
+        return min(max(0, int(pos) - self.prompt_len + 1), self.n_steps - 1) if self.n_steps else 0
+
+    # -- actions -------------------------------------------------------------------------------
+    def set_trajectory(self, traj: Trajectory, step: int | None = None) -> None:
+        """Show ``traj``: reset step bounds, layer and head choices; keep the step when still valid."""
+        n_layers = int(traj.meta.get("model", {}).get("n_layers") or (traj.attention["layer"].max() or 0) + 1)
+        n_heads = int(traj.meta.get("model", {}).get("n_heads") or (traj.attention["head"].max() or 0) + 1)
+        last = max(0, max(1, traj.n_steps) - 1)
+        heads = {"mean over heads": MEAN, **{f"head {h}": h for h in range(n_heads)}}
+        with param.parameterized.batch_call_watchers(self):
+            self._queries = None
+            self.param.layer.objects = list(range(n_layers))
+            if self.layer not in self.param.layer.objects:
+                self.layer = 0
+            self.param.head.objects = heads
+            if self.head not in heads.values():
+                self.head = MEAN
+            metrics = token_metric_choices(traj.tokens)
+            self.param.token_metric.objects = metrics
+            if self.token_metric not in metrics.values():
+                self.token_metric = "entropy"
+            self.param.step.bounds = (0, last)
+            new_step = self.step if step is None else step
+            self.step = min(max(0, new_step), last)
+            self.trajectory = traj
+            self.revision += 1
+
+    def go(self, step: int) -> None:
+        """Jump to ``step`` (clamped to the run)."""
+        if self.trajectory is not None:
+            self.step = min(max(0, int(step)), self.n_steps - 1)
+
+    def next(self) -> None:
+        """One step forward (stops playing at the end)."""
+        if self.step >= self.n_steps - 1:
+            self.playing = False
+        self.go(self.step + 1)
+
+    def prev(self) -> None:
+        """One step back."""
+        self.go(self.step - 1)
+
+    def tick(self) -> None:
+        """Advance while playing; wraps to the start only when play was pressed at the end."""
+        if self.playing:
+            self.next()
+
+    def report(self, message: str) -> None:
+        """Record an error sentence for the views to show; also the status line."""
+        self.error = ""
+        self.error = message
+        self.status = message
+
+    def capture_kwargs(self, n_layers: int | None = None) -> dict:
+        """Keyword arguments for :func:`trajscope.capture` from the settings.
+
+        Raises:
+            TrajscopeError: empty prompt or an unreadable "layers to keep" field.
+        """
+        if not self.prompt.strip():
+            raise TrajscopeError("The prompt is empty; type some text to continue.")
+        return {"max_new_tokens": int(self.max_new_tokens), "temperature": float(self.temperature),
+                "seed": int(self.seed), "attention_layers": parse_layers(self.keep_attention, n_layers)}
+
+    def model_key(self) -> tuple[str, bool]:
+        """What identifies the model to load: ``(source, remote)`` (never the key)."""
+        src = self.model_source.strip()
+        if not src:
+            raise TrajscopeError("A model source is needed: 'sample', a model directory, a cached Hugging Face name, or an NDIF model.")
+        return src, bool(self.remote)
+
+    def __repr__(self) -> str:  # the API key must not appear in reprs that end up in logs
+        return f"AppState(run={getattr(self.trajectory, 'run_id', None)!r}, step={self.step})"

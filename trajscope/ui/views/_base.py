@@ -1,0 +1,43 @@
+"""Shared pieces of the views: the state-holding base class and the thread → event-loop bridge."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import panel as pn
+import param
+
+from trajscope.ui.state import AppState
+
+
+class StateView(pn.viewable.Viewer):
+    """A view over an :class:`AppState` (one per session; several views share it)."""
+
+    state = param.ClassSelector(class_=AppState, doc="The app state this view shows and edits.")
+
+    def __init__(self, **params):
+        if params.get("state") is None:
+            params["state"] = AppState()
+        super().__init__(**params)
+
+
+def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
+    """A ``dispatch(fn)`` that runs ``fn`` on the event loop of ``doc`` (the current document by default).
+
+    In a served session, ``fn`` is scheduled with ``add_next_tick_callback`` (the Bokeh document
+    lock is held there, so models may change). Without a server session (Jupyter comms, tests)
+    ``fn`` runs at once.
+    """
+    doc = doc if doc is not None else pn.state.curdoc
+
+    def run(fn: Callable[[], None]) -> None:
+        with pn.io.state.set_curdoc(doc):
+            fn()
+
+    def dispatch(fn: Callable[[], None]) -> None:
+        if doc is not None and doc.session_context is not None:
+            doc.add_next_tick_callback(lambda: run(fn))
+        else:
+            fn()
+
+    return dispatch

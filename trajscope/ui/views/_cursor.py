@@ -1,0 +1,80 @@
+"""Fast step cursors: Bokeh annotations moved in place when the step changes.
+
+Re-rendering a HoloViews overlay costs tens of milliseconds per plot (ranges,
+extents, option lookups over every layer), too slow for scrubbing a long run.
+The base plots are rendered once per run / selection; a :class:`Cursor` adds a
+few Bokeh annotations to each rendered figure through a HoloViews ``hooks``
+entry and, on a step change, only sets their coordinates, which Bokeh sends to
+the browser as a handful of property changes. The coordinates come from the
+pure functions of :mod:`trajscope.ui.plots` (``*_box`` / ``step_cursor``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from bokeh.models import BoxAnnotation, Span
+from panel.io.notebook import push_notebook
+
+from trajscope.ui.plots import CURSOR_COLOR
+
+
+def box(**style) -> Callable[[], BoxAnnotation]:
+    """Factory of an outline box annotation (data coordinates)."""
+    def make():
+        kw = dict(fill_alpha=0.0, line_color=CURSOR_COLOR, line_width=3, left=0, right=0, top=0, bottom=0,
+                  level="overlay", editable=False)
+        kw.update(style)
+        return BoxAnnotation(**kw)
+    return make
+
+
+def vline(**style) -> Callable[[], Span]:
+    """Factory of a vertical line annotation at an x data coordinate."""
+    def make():
+        kw = dict(dimension="height", location=0, line_color=CURSOR_COLOR, line_width=2, level="overlay")
+        kw.update(style)
+        return Span(**kw)
+    return make
+
+
+class Cursor:
+    """Annotations that follow the step on every figure a base plot was rendered into.
+
+    Args:
+        factories: one factory per annotation (see :func:`box`, :func:`vline`).
+        props: ``props(step) -> list[dict]``, the annotation properties at ``step`` (one dict per factory;
+            ``visible=False`` hides one).
+    """
+
+    def __init__(self, factories: list[Callable], props: Callable[[int], list[dict]]):
+        self.factories, self.props = factories, props
+        self.annotations: list[list] = []
+        self.step = 0
+
+    def hook(self, plot, element) -> None:
+        """HoloViews hook: add the annotations to ``plot.state`` (once per figure)."""
+        fig = plot.state
+        if any(a[0].document is not None and a[0] in fig.center for a in self.annotations):
+            return
+        anns = [f() for f in self.factories]
+        for a in anns:
+            fig.add_layout(a)
+        self.annotations.append(anns)
+        self._apply(anns, self.props(self.step))
+
+    @staticmethod
+    def _apply(anns, props) -> None:
+        for a, p in zip(anns, props):
+            p = dict(p)
+            p.setdefault("visible", True)
+            a.update(**p)
+
+    def set_step(self, step: int, *panes) -> None:
+        """Move every annotation to ``step``; ``panes`` are pushed to Jupyter (no-op when served)."""
+        self.step = step
+        props = self.props(step)
+        for anns in self.annotations:
+            self._apply(anns, props)
+        if panes:
+            push_notebook(*panes)

@@ -1,0 +1,111 @@
+"""TrajScope: the whole app in one Viewer (``ts.TrajScope(model="sample")``).
+
+Layout: controls (model, prompt, Generate/Stop, open, export) on the left; on the
+right the step player, the token strip, the attention views and the telemetry,
+all following one :class:`~trajscope.ui.state.AppState`. Each instance has its
+own state, so every browser session of ``panel serve`` (and every notebook
+cell) is independent; loaded models are shared through :mod:`trajscope.ui.runner`.
+
+In Jupyter, displaying a ``TrajScope`` loads the Panel extension first, so no
+``pn.extension()`` call is needed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import panel as pn
+import param
+
+from trajscope.trajectory import Trajectory
+from trajscope.ui.state import AppState
+from trajscope.ui.views._base import StateView
+from trajscope.ui.views.attention import AttentionView
+from trajscope.ui.views.controls import Controls
+from trajscope.ui.views.export import ExportView
+from trajscope.ui.views.player import StepPlayer
+from trajscope.ui.views.telemetry import TelemetryView
+from trajscope.ui.views.tokens import TokenStrip
+
+TITLE = "trajscope — does decode still look like prefill?"
+INTRO = ("Step through a model's generation one decode step at a time. **Step 0** is the prefill pass over the "
+         "prompt; **step s** is the decode pass whose query is the token at position P+s−1. Use ◀ ▶ (or the arrow "
+         "keys), click a token or a curve to jump.")
+
+
+def ensure_extension() -> None:
+    """Load Panel's notebook extension (with notifications) once, if not loaded yet."""
+    if not pn.extension._loaded:
+        pn.extension(notifications=True)
+
+
+class TrajScope(StateView):
+    """The trajscope app.
+
+    Args:
+        model: model source for Generate (``"sample"``, a directory, a cached HF name).
+        trajectory: a :class:`~trajscope.Trajectory` to show, or a path to a run directory.
+        prompt, max_new_tokens: initial generation settings.
+        autostart: when no run is given, generate one as soon as the page shows it.
+    """
+
+    model = param.String(default="sample", doc="Model source used by Generate.")
+    autostart = param.Boolean(default=False, doc="Generate a first run when the app is shown without one.")
+
+    def __init__(self, model: str = "sample", trajectory: Trajectory | str | os.PathLike | None = None, **params):
+        state_params = {k: params.pop(k) for k in list(params) if k in AppState.param and k != "name"}
+        if isinstance(trajectory, (str, os.PathLike)):
+            trajectory = Trajectory.load(trajectory)
+        if params.get("state") is None:
+            params["state"] = AppState(model_source=model, **state_params)
+        super().__init__(model=model, **params)
+        if trajectory is not None:
+            self.state.set_trajectory(trajectory, step=0)
+        self.controls = Controls(state=self.state)
+        self.player = StepPlayer(state=self.state)
+        self.tokens = TokenStrip(state=self.state)
+        self.attention = AttentionView(state=self.state)
+        self.telemetry = TelemetryView(state=self.state)
+        self.export = ExportView(state=self.state)
+        self.state.param.watch(self._notify, "error")
+        self._started = False
+
+    def _notify(self, event) -> None:
+        if event.new and pn.state.notifications is not None:
+            pn.state.notifications.error(event.new, duration=8000)
+
+    def _autostart(self) -> None:
+        if self.autostart and not self._started and self.state.trajectory is None:
+            self._started = True
+            self.controls.generate()
+
+    def sidebar(self) -> pn.Column:
+        """Controls, then export."""
+        return pn.Column(self.controls, pn.layout.Divider(), "### Export", self.export, sizing_mode="stretch_width")
+
+    def main(self) -> pn.Column:
+        """Player, tokens, attention, telemetry."""
+        card = dict(sizing_mode="stretch_width", collapsible=False, margin=(5, 5))
+        return pn.Column(
+            pn.pane.Markdown(INTRO, margin=(0, 10)),
+            pn.Card(self.player, title="Step", **card),
+            pn.Card(self.tokens, title="Tokens", **card),
+            pn.Card(self.attention, title="Attention at the current step", **card),
+            pn.Card(self.telemetry, title="Telemetry over steps", **card),
+            sizing_mode="stretch_width")
+
+    def template(self) -> pn.template.FastListTemplate:
+        """The app as a page (what ``panel serve apps/trajscope.py`` shows)."""
+        tpl = pn.template.FastListTemplate(title=TITLE, sidebar=[self.sidebar()], main=[self.main()],
+                                           sidebar_width=360, accent="#1f77b4", theme_toggle=False)
+        pn.state.onload(self._autostart)
+        return tpl
+
+    def __panel__(self):
+        if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
+            pn.state.onload(self._autostart)
+        return pn.Row(pn.Column(self.sidebar(), width=360), self.main(), sizing_mode="stretch_width")
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        ensure_extension()
+        return super()._repr_mimebundle_(include, exclude)

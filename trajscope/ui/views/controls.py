@@ -1,0 +1,129 @@
+"""Controls: which model, what prompt, how to sample, what to keep; Generate / Stop; open a run.
+
+Generate runs load + capture on a worker thread (:class:`~trajscope.ui.runner.GenerationJob`);
+tokens, the step counter and (throttled) partial runs arrive on the session's
+event loop while the model works, so the page stays responsive. Stop sets the
+capture's cancel event: the run ends after the current step and keeps it.
+"""
+
+from __future__ import annotations
+
+import panel as pn
+
+from trajscope.errors import TrajscopeError
+from trajscope.trajectory import Trajectory
+from trajscope.ui.runner import GenerationJob
+from trajscope.ui.views._base import StateView, dispatcher
+
+
+class Controls(StateView):
+    """Model / prompt / sampling widgets, Generate and Stop, progress, and open-a-run."""
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.job: GenerationJob | None = None
+
+    # -- generation --------------------------------------------------------------------------------
+    def generate(self, event=None, dispatch=None, loader=None) -> GenerationJob | None:
+        """Start a generation with the current settings (ignored while one runs). Returns the job."""
+        st = self.state
+        if st.busy:
+            return None
+        try:
+            kwargs = st.capture_kwargs()
+            source, remote = st.model_key()
+        except TrajscopeError as exc:
+            st.report(str(exc))
+            return None
+        st.param.update(busy=True, progress=0, progress_max=kwargs["max_new_tokens"], live_text="", error="",
+                        status=f"Loading '{source}' and generating up to {kwargs['max_new_tokens']} tokens…")
+        self.job = GenerationJob(
+            source, st.prompt, kwargs, dispatch or dispatcher(), remote=remote,
+            api_key=st.ndif_api_key or None, on_progress=self._on_progress, on_partial=self._on_partial,
+            on_done=self._on_done, on_error=self._on_error, layer_check=st.capture_kwargs, loader=loader,
+            partial_every_s=1.0)
+        return self.job.start()
+
+    def stop(self, event=None) -> None:
+        """Ask the running generation to stop after its current step."""
+        if self.job is not None and self.state.busy:
+            self.job.stop()
+            self.state.status = "Stopping after the current step…"
+
+    def _on_progress(self, ev) -> None:
+        st = self.state
+        st.param.update(progress=ev.step + 1, live_text=st.live_text + ev.text,
+                        status=f"Generating: step {ev.step} of {ev.max_steps - 1}")
+
+    def _on_partial(self, traj) -> None:
+        if self.state.busy:
+            self.state.set_trajectory(traj, step=max(0, traj.n_steps - 1))
+
+    def _on_done(self, traj) -> None:
+        st = self.state
+        st.set_trajectory(traj, step=max(0, traj.n_steps - 1))
+        st.param.update(busy=False, progress=st.progress_max,
+                        status=f"Done: {traj.meta.get('n_generated')} tokens in {traj.n_steps} steps "
+                               f"(stopped by {traj.meta.get('stop_reason')}). Step with ◀ ▶ or the arrow keys.")
+
+    def _on_error(self, message: str) -> None:
+        self.state.busy = False
+        self.state.report(message)
+
+    # -- open a saved run ----------------------------------------------------------------------------
+    def open_run(self, event=None) -> None:
+        """Load the run directory at ``state.run_path``."""
+        st = self.state
+        path = st.run_path.strip()
+        if not path:
+            st.report("Type the path of a run directory (it holds meta.json and the .parquet tables).")
+            return
+        try:
+            traj = Trajectory.load(path)
+        except TrajscopeError as exc:
+            st.report(str(exc))
+            return
+        st.set_trajectory(traj, step=0)
+        st.param.update(error="", status=f"Opened run {traj.run_id} ({traj.n_steps} steps) from {path}.")
+
+    def __panel__(self):
+        st = self.state
+        source = pn.widgets.TextInput.from_param(
+            st.param.model_source, name="Model", description="'sample' (shipped), a local model directory, "
+            "a Hugging Face name already in the local cache, or an NDIF model name with 'NDIF remote' ticked.")
+        remote = pn.widgets.Checkbox.from_param(st.param.remote, name="NDIF remote")
+        key = pn.widgets.PasswordInput.from_param(st.param.ndif_api_key, name="NDIF API key",
+                                                  placeholder="only for NDIF remote; never saved")
+        key.visible = st.remote
+        st.param.watch(lambda e: setattr(key, "visible", e.new), "remote")
+        prompt = pn.widgets.TextAreaInput.from_param(st.param.prompt, name="Prompt", height=90, css_classes=["ts-prompt"])
+        mnt = pn.widgets.IntInput.from_param(st.param.max_new_tokens, name="Max new tokens", width=120)
+        temp = pn.widgets.FloatInput.from_param(st.param.temperature, name="Temperature (0 = greedy)", step=0.1, width=150)
+        seed = pn.widgets.IntInput.from_param(st.param.seed, name="Seed", width=90)
+        keep = pn.widgets.TextInput.from_param(st.param.keep_attention, name="Keep full attention rows of layers",
+                                               description="'all', 'none' or indices like '0,3'. Other layers show "
+                                               "their top-8 keys only.")
+        gen = pn.widgets.Button(name="Generate", button_type="primary", width=130, css_classes=["ts-generate"])
+        stop = pn.widgets.Button(name="Stop", button_type="danger", width=90, disabled=True, css_classes=["ts-stop"])
+        gen.on_click(self.generate)
+        stop.on_click(self.stop)
+
+        def busy(e):
+            gen.disabled, stop.disabled = e.new, not e.new
+
+        st.param.watch(busy, "busy")
+        bar = pn.indicators.Progress(value=pn.bind(lambda p, b: p if b else 0, st.param.progress, st.param.busy),
+                                     max=pn.bind(lambda m: max(1, m), st.param.progress_max),
+                                     visible=st.param.busy, sizing_mode="stretch_width", bar_color="primary")
+        status = pn.pane.Markdown(st.param.status, css_classes=["ts-status"], sizing_mode="stretch_width",
+                                  styles={"font-size": "0.9em"})
+        alert = pn.pane.Alert(st.param.error, alert_type="danger", visible=pn.bind(bool, st.param.error),
+                              css_classes=["ts-error"], sizing_mode="stretch_width")
+        path = pn.widgets.TextInput.from_param(st.param.run_path, name="Open a saved run directory",
+                                               placeholder="e.g. sample_data/runs/demo")
+        open_btn = pn.widgets.Button(name="Open run", width=110, css_classes=["ts-open"])
+        open_btn.on_click(self.open_run)
+        return pn.Column(
+            "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep,
+            pn.Row(gen, stop), bar, status, alert,
+            pn.layout.Divider(), path, open_btn, sizing_mode="stretch_width")

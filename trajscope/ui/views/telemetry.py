@@ -1,0 +1,80 @@
+"""Telemetry over steps: attention statistics, phase jumps and the next-token distribution.
+
+Curves are for the selected layer and head (or mean over heads), or averaged
+over all layers and heads; the red line is the current step and clicking a plot
+jumps there. A phase jump (orange triangle) is a step whose top-8 attended
+positions share less than half (Jaccard < 0.5) with the previous step's.
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import panel as pn
+
+from trajscope.metrics.attention import step_telemetry
+from trajscope.ui import plots
+from trajscope.ui.state import MEAN
+from trajscope.ui.views._base import StateView
+from trajscope.ui.views._cursor import Cursor, vline
+
+
+class TelemetryView(StateView):
+    """Attention telemetry and next-token curves, both with the current-step line; click to jump."""
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.cursors: dict[str, Cursor] = {}
+        self._panes: list = []
+        self.state.param.watch(self._move, "step")
+
+    def _move(self, event) -> None:
+        for c in self.cursors.values():
+            c.set_step(event.new, *self._panes)
+
+    def _cursor(self, name: str, base):
+        c = Cursor([vline()], lambda s: [{"location": float(s)}])
+        c.step = self.state.step
+        self.cursors[name] = c
+        return base.opts(hooks=[c.hook])
+
+    def _tap(self, element):
+        tap = hv.streams.Tap(source=element)
+        tap.add_subscriber(lambda x=None, **_: None if x is None else self.state.go(int(round(x))))
+
+    def attention_curves(self, revision: int, layer: int, head: int, average: bool):
+        st = self.state
+        if st.trajectory is None:
+            return hv.Overlay([hv.Text(0, 0, "")]).opts(height=300, responsive=True)
+        if average:
+            tele, who = step_telemetry(st.trajectory.attention), "mean over all layers and heads"
+        else:
+            h = None if head == MEAN else head
+            tele = step_telemetry(st.trajectory.attention, layer, h)
+            who = f"layer {layer}, " + ("mean over heads" if h is None else f"head {h}")
+        base = plots.telemetry_plot(tele, title=f"Attention telemetry over steps — {who}")
+        self._tap(base)
+        return self._cursor("attention", base)
+
+    def token_curves(self, revision: int):
+        st = self.state
+        if st.trajectory is None:
+            return hv.Overlay([hv.Text(0, 0, "")]).opts(height=220, responsive=True)
+        base = plots.next_token_plot(st.trajectory.tokens, st.trajectory.prompt_len)
+        self._tap(base)
+        return self._cursor("tokens", base)
+
+    def __panel__(self):
+        st = self.state
+        avg = pn.widgets.Checkbox.from_param(st.param.telemetry_average, name="Average over all layers and heads")
+        a = pn.pane.HoloViews(pn.bind(self.attention_curves, st.param.revision, st.param.layer, st.param.head,
+                                      st.param.telemetry_average), sizing_mode="stretch_width", linked_axes=False)
+        t = pn.pane.HoloViews(pn.bind(self.token_curves, st.param.revision), sizing_mode="stretch_width",
+                              linked_axes=False)
+        self._panes += [a, t]
+        note = pn.pane.Markdown(
+            "Step 0 is the prefill pass (its last prompt query); step s ≥ 1 is the decode pass that reads the token at "
+            "position P+s−1. Entropy is normalised by log(#keys) so all attention curves share the 0–1 axis. "
+            "Orange triangles: phase jumps (top-8 attended set shares < 0.5 Jaccard with the previous step; with "
+            "several heads selected, most of them jump). Click a plot to jump to that step.",
+            styles={"color": "#555", "font-size": "0.85em"}, margin=(0, 10))
+        return pn.Column(avg, a, note, t, sizing_mode="stretch_width")

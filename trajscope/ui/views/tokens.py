@@ -1,0 +1,79 @@
+"""The token strip: prompt and generated tokens, coloured by a per-token metric; click to jump.
+
+Whitespace is made visible (· space, ↵ newline, → tab); a red bar marks the
+prefill/decode boundary; the current step's query token has a thick outline and
+the token it produced a dashed one (Bokeh annotations moved in place on a step
+change, see :mod:`trajscope.ui.views._cursor`).
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import panel as pn
+import polars as pl
+
+from trajscope.metrics.drift import position_drift
+from trajscope.ui import plots
+from trajscope.ui.state import TOKEN_METRICS
+from trajscope.ui.views._base import StateView
+from trajscope.ui.views._cursor import Cursor, box
+
+_LABELS = {v: k for k, v in TOKEN_METRICS.items()}
+
+
+class TokenStrip(StateView):
+    """Token strip with a metric selector; clicking a token moves the step to it."""
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.layout_df: pl.DataFrame | None = None
+        self.cursor: Cursor | None = None
+        self._panes: list = []
+        self.state.param.watch(self._move, "step")
+
+    def _move(self, event) -> None:
+        if self.cursor is not None:
+            self.cursor.set_step(event.new, *self._panes)
+
+    def build(self, revision: int, metric: str, layer: int):
+        """The strip for the current run and metric, with the step cursor hooked in."""
+        st = self.state
+        traj = st.trajectory
+        if traj is None:
+            return hv.Overlay([hv.Text(0, 0, "No run yet")]).opts(height=120, responsive=True, xaxis=None, yaxis=None)
+        drift = position_drift(traj.activations, layer) if metric == "drift" else None
+        values = plots.token_metric_values(traj.tokens, metric, drift)
+        layout = plots.token_layout(traj.tokens, values)
+        self.layout_df = layout
+        label = _LABELS.get(metric, metric) + (f", layer {layer}" if metric == "drift" else "")
+        base = plots.token_strip(layout, traj.prompt_len, label, plots.METRIC_CMAPS.get(metric, "viridis"))
+        tap = hv.streams.Tap(source=base.get(0))
+        tap.add_subscriber(self._on_tap)
+        P = traj.prompt_len
+
+        def props(step):
+            return plots.token_cursor_boxes(layout, P - 1 if step == 0 else P + step - 1, P + step)
+
+        self.cursor = Cursor([box(line_width=3), box(line_width=2, line_dash="dashed")], props)
+        self.cursor.step = st.step
+        return base.opts(hooks=[self.cursor.hook])
+
+    def _on_tap(self, x=None, y=None, **_):
+        if self.layout_df is None:
+            return
+        pos = plots.token_at(self.layout_df, x, y)
+        if pos is not None:
+            self.state.go(self.state.step_for_pos(pos))
+
+    def __panel__(self):
+        st = self.state
+        metric = pn.widgets.Select.from_param(st.param.token_metric, name="Colour tokens by", width=240)
+        pane = pn.pane.HoloViews(pn.bind(self.build, st.param.revision, st.param.token_metric, st.param.layer),
+                                 sizing_mode="stretch_width", linked_axes=False, css_classes=["ts-token-strip"])
+        self._panes.append(pane)
+        note = pn.pane.Markdown(
+            "Each box is one token (· space, ↵ newline). Left of the red bar: the prompt (read at step 0, prefill); "
+            "right: generated tokens. Thick outline: the current step's query; dashed: the token it produced. "
+            "Grey boxes have no value (the last token has no next-token distribution).",
+            styles={"color": "#555", "font-size": "0.85em"}, margin=(0, 10))
+        return pn.Column(metric, pane, note, sizing_mode="stretch_width")
