@@ -9,12 +9,15 @@ The public API is this short list; everything else is an implementation detail.
   loads from a run directory.
 - :class:`StepEvent` is what the streaming callback of :func:`capture` receives.
 - :class:`TrajscopeError` is raised for bad input, with a one-sentence explanation.
+- :class:`TrajScope` is the interactive app (Panel): ``panel serve apps/trajscope.py`` or
+  ``ts.TrajScope(model="sample")`` in a notebook.
 """
 
 from trajscope.capture import StepEvent, capture
 from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle, load_model
 from trajscope.trajectory import Trajectory
+from trajscope.ui.views.app import TrajScope
 
 __version__ = "0.1.0"
-__all__ = ["load_model", "capture", "Trajectory", "StepEvent", "ModelHandle", "TrajscopeError"]
+__all__ = ["load_model", "capture", "Trajectory", "StepEvent", "ModelHandle", "TrajscopeError", "TrajScope"]
