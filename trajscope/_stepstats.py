@@ -146,3 +146,35 @@ def step_record(step, first_pos, P, consumed, attn_rows, resid, logits, prev_lp,
         "rows": {layer: attn_rows[layer].detach().clone() for layer in row_layers},
         "last_lp": lp[-1],
     }
+
+
+def steer_output(out, specs, steps: torch.Tensor):
+    """Apply the steering specs to a block output, position by position.
+
+    Args:
+        out: the block output, ``[batch, q, d_model]`` (or a tuple whose first item is).
+        specs: tuples ``(direction [d_model], strength, start_step, end_step or -1, mode)``
+            for this block; ``mode`` is ``"add"`` (h + strength·direction) or ``"clamp"``
+            (set the component along the unit direction to ``strength``).
+        steps: ``[q]`` the step each query position belongs to (0 = prefill).
+    Returns:
+        The steered output (same structure as ``out``), or None when no spec is active
+        at any of the positions.
+    """
+    h = out[0] if isinstance(out, tuple) else out
+    changed = False
+    for direction, strength, start, end, mode in specs:
+        on = (steps >= start) & ((steps < end) if end >= 0 else torch.ones_like(steps, dtype=torch.bool))
+        if not bool(on.any()):
+            continue
+        changed = True
+        m = on.to(device=h.device, dtype=h.dtype).unsqueeze(-1)
+        d = direction.to(device=h.device, dtype=h.dtype)
+        if mode == "add":
+            h = h + m * (strength * d)
+        else:
+            u = d / d.norm()
+            h = h + m * (strength - (h * u).sum(-1, keepdim=True)) * u
+    if not changed:
+        return None
+    return (h,) + tuple(out[1:]) if isinstance(out, tuple) else h

@@ -30,6 +30,7 @@ import torch
 from trajscope import _stepstats
 from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle
+from trajscope.steering import SteeringVector
 from trajscope.trajectory import Trajectory, build_tables, library_versions
 
 LayerSpec = str | int | Sequence[int] | None
@@ -127,6 +128,7 @@ def capture(
     stop_at_eos: bool = True,
     residual_layers: LayerSpec = None,
     attention_layers: LayerSpec = None,
+    steering: Sequence[SteeringVector] = (),
     on_step: Callable[[StepEvent], None] | None = None,
     cancel: Any = None,
     run_id: str | None = None,
@@ -146,6 +148,9 @@ def capture(
             tensors (``traj.residual(l)``: ``[n_positions_computed, d_model]``).
         attention_layers: layers whose full attention rows are kept
             (``traj.attention_rows(l)``: ``[n_heads, n_pos, n_pos]``).
+        steering: :class:`~trajscope.steering.SteeringVector` s applied at the steps
+            ``start_step ≤ s < end_step`` (recorded in ``meta["steering"]``; the
+            directions are kept as tensors ``steering.{i}``).
         on_step: called with a :class:`StepEvent` as each step finishes (locally
             while generating; for NDIF, after the results come back).
         cancel: a ``threading.Event`` (or a callable returning bool); when set,
@@ -170,6 +175,12 @@ def capture(
         raise TrajscopeError(
             f"The prompt ({P} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's context window "
             f"of {model.context_len}; ask for at most {model.context_len - P} new tokens.")
+    steering = list(steering or ())
+    for vec in steering:
+        if not isinstance(vec, SteeringVector):
+            raise TrajscopeError(f"steering takes SteeringVector objects, not {type(vec).__name__}.")
+        vec.validate(model.n_layers, model.d_model, max_new_tokens)
+    steer = [[v.spec() for v in steering if v.layer == layer] for layer in range(model.n_layers)]
     res_layers = _layers(residual_layers, model.n_layers, "residual_layers")
     row_layers = _layers(attention_layers, model.n_layers, "attention_layers")
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
@@ -181,6 +192,7 @@ def capture(
         "sampling": sampling, "model": model.describe(), "versions": library_versions(),
         "residual_layers": res_layers, "attention_layers": row_layers,
         "top_k_keys": top_k_keys, "top_k_tokens": top_k_tokens,
+        "steering": [v.to_dict() for v in steering],
     }
     gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "logits_to_keep": 0,
                                   "pad_token_id": model.tokenizer.pad_token_id}
@@ -215,8 +227,8 @@ def capture(
     stop_reason = None
     with model.lock, _seeded(seed if temperature > 0 else None), torch.no_grad():
         try:
-            result = _run_trace(model, ids, gen_kwargs, records, state, res_layers, row_layers,
-                                top_k_keys, top_k_tokens, emit, max_new_tokens)
+            result = _run_trace(model, ids, gen_kwargs, records, state, (res_layers, row_layers, top_k_keys,
+                                top_k_tokens), steer, emit, max_new_tokens)
         except KeyboardInterrupt:
             result, stop_reason = None, "interrupted"
     if result is not None and result[1] is not records:  # remote: the server's copies came back
@@ -232,14 +244,14 @@ def capture(
         else:
             stop_reason = "max_new_tokens"
     traj = _assemble(model, meta, records, final_ids, state, res_layers, row_layers, stop_reason)
+    traj.tensors.update({f"steering.{i}": v.direction for i, v in enumerate(steering)})
     if on_step is not None and model.remote:
         for rec in records:
             on_step(_event(model, rec, max_new_tokens, lambda: traj))
     return traj
 
 
-def _run_trace(model, ids, gen_kwargs, records, state, res_layers, row_layers, top_k_keys, top_k_tokens,
-               emit, max_new_tokens):
+def _run_trace(model, ids, gen_kwargs, records, state, opts, steer, emit, max_new_tokens):
     """Run the nnsight generation trace; fills ``records`` step by step. Returns (ids, records, final)."""
     import nnsight
 
@@ -250,7 +262,6 @@ def _run_trace(model, ids, gen_kwargs, records, state, res_layers, row_layers, t
     unembed = model.unembed()
     streamer = model.nn.generator.streamer
     prompt = torch.tensor([ids])
-    opts = (res_layers, row_layers, top_k_keys, top_k_tokens)
     # Keep every statement inside the trace on one line: nnsight's remote path maps
     # the body's line numbers back to the file, and a continued line shifts them.
     with model.nn.generate(**gen_kwargs) as tracer:
@@ -262,9 +273,14 @@ def _run_trace(model, ids, gen_kwargs, records, state, res_layers, row_layers, t
                 consumed = streamer.output.reshape(-1)
                 first_pos = 0 if step == 0 else P + step - 1
                 attn_rows, resid = [], []
+                steps = torch.full((consumed.shape[0],), step)
                 for layer in range(n_layers):
                     attn_rows.append(attns[layer].output[1][0])
                     out = blocks[layer].output
+                    new = _stepstats.steer_output(out, steer[layer], steps) if steer[layer] else None
+                    if new is not None:
+                        blocks[layer].output = new
+                        out = new
                     resid.append((out[0] if isinstance(out, tuple) else out)[0])
                 logits = unembed.output[0]
                 rec = _stepstats.step_record(step, first_pos, P, consumed, attn_rows, resid, logits, prev_lp, opts)
@@ -305,3 +321,67 @@ def capture_many(model: ModelHandle, prompts: Iterable[str], **kwargs: Any) -> I
     """Capture each prompt in turn (a generator, so callers can save as they go)."""
     for prompt in prompts:
         yield capture(model, prompt, **kwargs)
+
+
+def last_token_residuals(model: ModelHandle, prompts: Sequence[str], layer: int) -> torch.Tensor:
+    """Block ``layer``'s output at the last token of each prompt (one no-cache forward each).
+
+    Returns:
+        ``[n_prompts, d_model]`` float32.
+    """
+    blocks = model.blocks()
+    rows = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([encode_prompt(model, prompt)])
+            with model.nn.trace(ids, remote=model.remote):
+                out = blocks[layer].output
+                h = nnsight_save((out[0] if isinstance(out, tuple) else out)[0, -1])
+            rows.append(h.float().cpu())
+    return torch.stack(rows)
+
+
+def forced_forward(model: ModelHandle, token_ids: Sequence[int], prompt_len: int,
+                   steering: Sequence[SteeringVector] = (), layers: Sequence[int] = ()) -> dict:
+    """Teacher-forced no-cache forward over a fixed sequence, with steering by step.
+
+    Position ``p`` belongs to step ``max(0, p − P + 1)``, so a vector with
+    ``start_step = k`` steers positions ``p ≥ P + k − 1`` — exactly the queries the
+    generation loop would steer, but on the given tokens instead of sampled ones.
+
+    Args:
+        token_ids: the sequence (e.g. an unsteered run's tokens, minus the last).
+        prompt_len: P.
+        steering: vectors to apply.
+        layers: blocks whose (steered) outputs to return.
+    Returns:
+        ``{"logits": [T, vocab] float32, "resid": {layer: [T, d_model] float32}}``.
+    """
+    steer = [[v.spec() for v in steering if v.layer == layer] for layer in range(model.n_layers)]
+    T = len(token_ids)
+    steps = (torch.arange(T) - prompt_len + 1).clamp_min(0)
+    blocks = model.blocks()
+    unembed = model.unembed()
+    wanted = set(layers)
+    last = max([v.layer for v in steering] + list(wanted) + [-1])
+    saved: dict = {}
+    with torch.no_grad(), model.lock:
+        with model.nn.trace(torch.tensor([list(token_ids)]), remote=model.remote):
+            saved = nnsight_save(saved)
+            for layer in range(last + 1):
+                out = blocks[layer].output
+                new = _stepstats.steer_output(out, steer[layer], steps) if steer[layer] else None
+                if new is not None:
+                    blocks[layer].output = new
+                    out = new
+                if layer in wanted:
+                    saved[layer] = nnsight_save((out[0] if isinstance(out, tuple) else out)[0])
+            logits = nnsight_save(unembed.output[0])
+    return {"logits": logits.float().cpu(), "resid": {k: v.float().cpu() for k, v in saved.items()}}
+
+
+def nnsight_save(value: Any) -> Any:
+    """``nnsight.save`` (imported lazily so importing trajscope stays light)."""
+    import nnsight
+
+    return nnsight.save(value)

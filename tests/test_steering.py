@@ -1,0 +1,157 @@
+"""Steering: onset exactness, CAA, effect metrics against independent computations, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+import trajscope as ts
+from trajscope.capture import forced_forward
+from trajscope.metrics.steering import decay_summary, kl_divergence, step_effects
+from trajscope.steering import SteeringVector
+from trajscope.sweep import steering_sweep
+
+PROMPT = "def parse(text):\n    "
+
+
+def strong(model, layer=1, k=4, scale=20.0, mode="add"):
+    g = torch.Generator().manual_seed(1)
+    return SteeringVector(layer=layer, direction=torch.randn(model.d_model, generator=g), strength=scale,
+                          start_step=k, mode=mode)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("k", [1, 5])
+def test_onset_is_exact(tiny_models, family, k):
+    model = tiny_models[family]
+    base = ts.capture(model, PROMPT, max_new_tokens=12, stop_at_eos=False, residual_layers=[1])
+    st = ts.capture(model, PROMPT, max_new_tokens=12, stop_at_eos=False, residual_layers=[1],
+                    steering=[strong(model, k=k)])
+    P = base.prompt_len
+    # steps 0..k-1 produce tokens P..P+k-1: identical; step k's token differs
+    assert st.token_ids[: P + k] == base.token_ids[: P + k]
+    assert st.token_ids[P + k] != base.token_ids[P + k]
+    # residuals are untouched at every position computed before step k
+    torch.testing.assert_close(st.residual(1)[: P + k - 1], base.residual(1)[: P + k - 1])
+    assert not torch.allclose(st.residual(1)[P + k - 1], base.residual(1)[P + k - 1])
+    assert st.meta["steering"][0]["start_step"] == k
+    torch.testing.assert_close(st.tensors["steering.0"], strong(model, k=k).direction)
+
+
+def test_forced_forward_reproduces_the_steered_run(tiny_models):
+    model = tiny_models["qwen2"]
+    vec = strong(model, k=3, scale=5.0)
+    st = ts.capture(model, PROMPT, max_new_tokens=8, stop_at_eos=False, residual_layers=[1], steering=[vec])
+    ff = forced_forward(model, st.token_ids[:-1], st.prompt_len, [vec], layers=[1])
+    torch.testing.assert_close(ff["resid"][1], st.residual(1), atol=1e-5, rtol=1e-4)
+    lp = torch.log_softmax(ff["logits"].double(), -1)
+    ent = -(lp.exp() * lp).sum(-1).numpy()
+    np.testing.assert_allclose(st.tokens["entropy"].to_numpy()[:-1], ent, atol=1e-4)
+
+
+def test_clamp_sets_the_projection(tiny_models):
+    model = tiny_models["llama"]
+    vec = strong(model, k=2, scale=3.0, mode="clamp")
+    st = ts.capture(model, PROMPT, max_new_tokens=6, stop_at_eos=False, residual_layers=[1], steering=[vec])
+    proj = st.residual(1) @ vec.unit
+    P = st.prompt_len
+    np.testing.assert_allclose(proj[P + 1:].numpy(), 3.0, atol=1e-4)
+    assert abs(float(proj[P]) - 3.0) > 1e-3  # step 1 (pos P) is before onset
+
+
+def test_caa_equals_mean_difference_of_hf_hidden_states(tiny_models):
+    model = tiny_models["llama"]
+    pairs = [("x = 'a'", 'x = "a"'), ("name = 'b'", 'name = "b"'), ("s = ''", 's = ""')]
+    vec = SteeringVector.from_contrast(model, pairs, layer=0, strength=2.0)
+    hf = model.torch_module()
+    diffs = []
+    for pos_text, neg_text in pairs:
+        hs = []
+        for text in (pos_text, neg_text):
+            ids = model.tokenizer(text, return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                hs.append(hf(ids, output_hidden_states=True).hidden_states[1][0, -1])
+        diffs.append((hs[0] - hs[1]).numpy())
+    np.testing.assert_allclose(vec.direction.numpy(), np.mean(diffs, axis=0), atol=1e-5)
+    assert vec.layer == 0 and vec.strength == 2.0
+
+
+def test_effect_metrics_match_numpy():
+    rng = np.random.default_rng(0)
+    T, V, D, P = 9, 11, 6, 4
+    base_l, st_l = rng.normal(size=(T, V)), rng.normal(size=(T, V))
+    rb, rs = rng.normal(size=(T, D)), rng.normal(size=(T, D))
+    u = rng.normal(size=D)
+    u /= np.linalg.norm(u)
+    base_tok = list(range(T + 1))
+    st_tok = base_tok[:6] + [99] * (T + 1 - 6)
+    df = step_effects(torch.tensor(base_l), torch.tensor(st_l), torch.tensor(rb), torch.tensor(rs), torch.tensor(u),
+                      base_tok, st_tok, P, targets=[2, 5])
+
+    def softmax(x):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    p, q = softmax(base_l), softmax(st_l)
+    kl = (p * (np.log(p) - np.log(q))).sum(-1)
+    pos = np.arange(P - 1, T)
+    np.testing.assert_allclose(df["kl_to_base"].to_numpy(), kl[pos], rtol=1e-10)
+    np.testing.assert_allclose(df["projection"].to_numpy(), rs[pos] @ u, rtol=1e-10)
+    np.testing.assert_allclose(df["target_logit_delta"].to_numpy(), (st_l - base_l)[pos][:, [2, 5]].mean(-1))
+    assert df["step"].to_list() == list(range(T - P + 1))
+    assert df["token_changed"].to_list() == [bool(base_tok[i + 1] != st_tok[i + 1]) for i in pos]
+    assert float(kl_divergence(torch.tensor(base_l), torch.tensor(base_l)).abs().max()) < 1e-12
+
+
+def test_decay_summary_half_life():
+    kl = [1.0, 0.8, 0.6, 0.45, 0.3]
+    steps = pl.DataFrame({"run_id": ["a"] * 7, "start_step": [2] * 7, "strength": [1.0] * 7,
+                          "step": list(range(7)), "kl_to_base": [0.0, 0.0] + kl,
+                          "token_changed": [False, False, True, True, False, False, False]})
+    s = decay_summary(steps, window=3)
+    row = s.row(0, named=True)
+    assert row["onset_kl_mean"] == 1.0 and row["half_life_median"] == 3
+    assert row["effect_mean"] == pytest.approx(0.8) and row["changed_frac"] == pytest.approx(0.4)
+
+
+def test_sweep_keeps_rows_when_cancelled(tiny_models):
+    import threading
+
+    model = tiny_models["gpt2"]
+    cancel = threading.Event()
+    vec = strong(model, k=1, scale=4.0)
+    full = steering_sweep(model, [PROMPT], vec, depths=(1, 3), strengths=(2.0,), window=3, progress=False)
+    assert full.complete and set(full.summary["start_step"]) == {1, 3}
+    before = full.steps.filter(pl.col("step") < pl.col("start_step"))
+    assert before.height > 0 and before["kl_to_base"].abs().max() < 1e-9  # nothing moves before onset
+    cancel.set()
+    with pytest.raises(ts.TrajscopeError, match="stopped before any run finished"):
+        steering_sweep(model, [PROMPT], vec, depths=(1, 3), window=3, cancel=cancel, progress=False)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(direction=torch.ones(7)), "width 7 but layer 1 has width 32"),
+    (dict(layer=5), "layer 5 is out of range"),
+    (dict(start_step=6), "start_step 6 is beyond the run"),
+])
+def test_bad_vectors(tiny_models, kwargs, fragment):
+    args = dict(layer=1, direction=torch.ones(32), strength=1.0, start_step=1) | kwargs
+    with pytest.raises(ts.TrajscopeError, match=fragment):
+        ts.capture(tiny_models["llama"], PROMPT, max_new_tokens=6, steering=[SteeringVector(**args)])
+
+
+def test_vector_files_round_trip(tmp_path):
+    vec = SteeringVector(layer=2, direction=torch.arange(1.0, 5.0), strength=3.0, start_step=10, name="quotes")
+    back = SteeringVector.load(vec.save(tmp_path / "v.safetensors"))
+    assert back.to_dict() == vec.to_dict()
+    np.save(tmp_path / "v.npy", np.arange(1.0, 5.0))
+    assert SteeringVector.load(tmp_path / "v.npy", layer=1).direction.tolist() == [1.0, 2.0, 3.0, 4.0]
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ts.TrajscopeError, match="plain numeric"):
+        SteeringVector.load(tmp_path / "obj.npy", layer=1)
+    with pytest.raises(ts.TrajscopeError, match="pass layer="):
+        SteeringVector.load(tmp_path / "v.npy")
+    with pytest.raises(ts.TrajscopeError, match="non-zero"):
+        SteeringVector(layer=0, direction=torch.zeros(4))
