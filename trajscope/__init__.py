@@ -8,6 +8,8 @@ The public API is this short list; everything else is an implementation detail.
 - :class:`Trajectory` holds the tables (Polars) and optional tensors, and saves to /
   loads from a run directory.
 - :class:`StepEvent` is what the streaming callback of :func:`capture` receives.
+- :class:`SteeringVector` steers one block's output from a chosen decode step;
+  :func:`steering_sweep` measures how its effect decays with the start depth.
 - :class:`TrajscopeError` is raised for bad input, with a one-sentence explanation.
 - :class:`TrajScope` is the interactive app (Panel): ``panel serve apps/trajscope.py`` or
   ``ts.TrajScope(model="sample")`` in a notebook.
@@ -16,8 +18,11 @@ The public API is this short list; everything else is an implementation detail.
 from trajscope.capture import StepEvent, capture
 from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle, load_model
+from trajscope.steering import SteeringVector
+from trajscope.sweep import steering_sweep
 from trajscope.trajectory import Trajectory
 from trajscope.ui.views.app import TrajScope
 
 __version__ = "0.1.0"
-__all__ = ["load_model", "capture", "Trajectory", "StepEvent", "ModelHandle", "TrajscopeError", "TrajScope"]
+__all__ = ["load_model", "capture", "Trajectory", "StepEvent", "ModelHandle", "TrajscopeError", "TrajScope",
+           "SteeringVector", "steering_sweep"]
