@@ -48,3 +48,21 @@ def test_errors_are_one_sentence(tiny_dirs, tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2, extra
         assert fragment in err and "Traceback" not in err, err
+
+
+def test_steer_sweep_cli(tiny_dirs, tmp_path, capsys):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps({"positive": f"x{i} = 'a'", "negative": f'x{i} = "a"'}) for i in range(3)))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
+    out = tmp_path / "sweep"
+    rc = main(["steer-sweep", "--model", str(tiny_dirs["llama"]), "--pairs", str(pairs), "--layer", "1",
+               "--prompts", str(prompts), "--depths", "1,3", "--strengths", "2,6", "--window", "3", "--out", str(out)])
+    assert rc == 0
+    summary = pl.read_parquet(out / "summary.parquet")
+    assert summary.height == 4 and set(summary["start_step"]) == {1, 3}
+    assert pl.read_parquet(out / "steps.parquet")["kl_to_base"].null_count() == 0
+    assert ts.SteeringVector.load(out / "vector.safetensors").layer == 1
+    rc = main(["steer-sweep", "--model", str(tiny_dirs["llama"]), "--pairs", str(pairs), "--layer", "9",
+               "--prompts", str(prompts), "--out", str(out)])
+    assert rc == 2 and "layer 9 is out of range" in capsys.readouterr().err

@@ -6,7 +6,8 @@ prompts (``--prompts``) and writes one run directory per prompt under
 (``pl.scan_parquet("OUT/*/attention.parquet")``). A progress bar follows the
 decode steps. Ctrl-C saves the steps captured so far and stops.
 
-``trajscope serve`` starts ``panel serve apps/trajscope.py``.
+``trajscope serve`` starts ``panel serve apps/trajscope.py``; ``trajscope
+steer-sweep`` lives in :mod:`trajscope.cli_steer`.
 
 Bad input prints one sentence on stderr and exits with status 2.
 """
@@ -143,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=5006)
     s.add_argument("--show", action="store_true")
     s.set_defaults(func=cmd_serve)
+    from trajscope import cli_steer
+
+    cli_steer.register(sub)
     return ap
 
 

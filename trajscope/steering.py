@@ -172,6 +172,8 @@ class SteeringVector:
 
         if not pairs:
             raise TrajscopeError("CAA needs at least one contrast pair.")
+        if not 0 <= layer < model.n_layers:
+            raise TrajscopeError(f"Steering layer {layer} is out of range; the model has layers 0..{model.n_layers - 1}.")
         pos = last_token_residuals(model, [p for p, _ in pairs], layer)
         neg = last_token_residuals(model, [n for _, n in pairs], layer)
         return cls(layer=layer, direction=(pos - neg).mean(0), strength=strength, name=name, **kwargs)
