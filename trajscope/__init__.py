@@ -18,6 +18,7 @@ The public API is this short list; everything else is an implementation detail.
 from trajscope.capture import StepEvent, capture
 from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle, load_model
+from trajscope.sae.model import SAE
 from trajscope.steering import SteeringVector
 from trajscope.sweep import steering_sweep
 from trajscope.trajectory import Trajectory
@@ -25,4 +26,4 @@ from trajscope.ui.views.app import TrajScope
 
 __version__ = "0.1.0"
 __all__ = ["load_model", "capture", "Trajectory", "StepEvent", "ModelHandle", "TrajscopeError", "TrajScope",
-           "SteeringVector", "steering_sweep"]
+           "SteeringVector", "steering_sweep", "SAE"]
