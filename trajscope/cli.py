@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     from trajscope import cli_steer
 
     cli_steer.register(sub)
+    from trajscope import cli_sae
+    cli_sae.register(sub)
     return ap
 
 

@@ -80,7 +80,7 @@ def reconstruction_stats(x: torch.Tensor, x_hat: torch.Tensor, f: torch.Tensor) 
     n, d = x.shape
     if n == 0:
         return {"n": 0, **{k: float("nan") for k in ("fvu", "fvu_uncentred", "mse", "cos", "l0", "dead", "dense")}}
-    x, x_hat = x.double(), x_hat.double()
+    x, x_hat, f = x.detach().double(), x_hat.detach().double(), f.detach()
     err = (x - x_hat).pow(2).sum()
     centred = (x - x.mean(0, keepdim=True)).pow(2).sum()
     total = x.pow(2).sum()

@@ -139,6 +139,8 @@ def load_sae(path: str | os.PathLike, device: str | None = None) -> SAE:
             getattr(sae, name).copy_(state[name].to(dtype))
     if device is None:
         device = cfg.device if (cfg.device == "cpu" or torch.cuda.is_available()) else "cpu"
+    for param in sae.parameters():
+        param.requires_grad_(False)
     return sae.to(device).eval()
 
 

@@ -1,0 +1,243 @@
+"""Harvest: one layer's residual activations over a prompt set, prefill and decode, tagged.
+
+For every prompt, :func:`harvest` captures a greedy continuation and
+``n_sampled`` sampled ones with :func:`trajscope.capture` (``residual_layers=[layer]``,
+so the vectors come from the same KV-cached engine users run). Rows:
+
+- prefill rows: the prompt positions ``pos < P`` (step 0), once per prompt
+  (they are identical in every continuation of that prompt);
+- decode rows: positions ``pos ≥ P`` of every continuation; the position's
+  ``step`` is ``pos − P + 1`` (DESIGN.md: step s's query is the token at P + s − 1).
+
+Each row carries ``seq`` (index into :attr:`Harvest.sequences`), ``prompt_id``,
+``source`` (``greedy`` / ``sample-i``), ``pos``, ``step``, ``phase``, ``token_id``,
+``next_id`` (the token that followed; null past the end), ``entropy`` (next-token
+entropy at the position, nats) and ``entropy_band`` / ``depth_band`` labels from
+:mod:`trajscope.metrics.sae_eval`. A harvest saves to a directory
+(``acts.safetensors`` + ``rows.parquet`` + ``sequences.parquet`` + ``meta.json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any, Callable, Sequence
+
+import polars as pl
+import torch
+
+from trajscope.errors import TrajscopeError
+from trajscope.metrics.sae_eval import depth_band, entropy_band
+
+
+@dataclasses.dataclass
+class Harvest:
+    """Activations ``acts [N, d_model]`` at ``layer`` with one tag row per activation.
+
+    Attributes:
+        acts: float32 ``[N, d_model]``.
+        rows: Polars frame of N rows (columns in the module docstring).
+        sequences: one row per captured sequence: ``seq``, ``prompt_id``, ``source``,
+            ``prompt_len``, ``token_ids`` (prompt + generated, list of ints).
+        layer: block index the activations were read at (block output).
+        meta: settings (model, sampling, max_new_tokens, prompt file).
+    """
+
+    acts: torch.Tensor
+    rows: pl.DataFrame
+    sequences: pl.DataFrame
+    layer: int
+    meta: dict
+
+    def __len__(self) -> int:
+        return self.acts.shape[0]
+
+    def subset(self, mask: Sequence[bool] | pl.Series | torch.Tensor) -> "Harvest":
+        """Rows where ``mask`` is true (a boolean Series/list/tensor of length N)."""
+        m = torch.as_tensor(pl.Series(mask).to_numpy() if not isinstance(mask, torch.Tensor) else mask, dtype=torch.bool)
+        if m.shape[0] != len(self):
+            raise TrajscopeError(f"The mask has {m.shape[0]} entries but the harvest has {len(self)} rows.")
+        return Harvest(self.acts[m], self.rows.filter(pl.Series(m.numpy())), self.sequences, self.layer, dict(self.meta))
+
+    def where(self, expr: pl.Expr) -> "Harvest":
+        """Rows matching a Polars expression, e.g. ``h.where(pl.col("phase") == "prefill")``."""
+        return self.subset(self.rows.select(expr.fill_null(False)).to_series())
+
+    def save(self, path: str | os.PathLike) -> pathlib.Path:
+        from safetensors.torch import save_file
+
+        p = pathlib.Path(path)
+        p.mkdir(parents=True, exist_ok=True)
+        save_file({"acts": self.acts.contiguous()}, str(p / "acts.safetensors"))
+        self.rows.write_parquet(p / "rows.parquet")
+        self.sequences.write_parquet(p / "sequences.parquet")
+        (p / "meta.json").write_text(json.dumps({**self.meta, "layer": self.layer}, indent=1), encoding="utf-8")
+        return p
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Harvest":
+        from safetensors.torch import load_file
+
+        p = pathlib.Path(path)
+        files = ("acts.safetensors", "rows.parquet", "sequences.parquet", "meta.json")
+        missing = [f for f in files if not (p / f).is_file()]
+        if missing:
+            raise TrajscopeError(f"'{p}' is not a harvest directory (missing {', '.join(missing)}); "
+                                 "create one with `trajscope harvest`.")
+        meta = json.loads((p / "meta.json").read_text(encoding="utf-8"))
+        acts = load_file(str(p / "acts.safetensors"))["acts"]
+        rows = pl.read_parquet(p / "rows.parquet")
+        if rows.height != acts.shape[0]:
+            raise TrajscopeError(f"'{p}' is corrupt: {rows.height} rows but {acts.shape[0]} activations.")
+        return cls(acts, rows, pl.read_parquet(p / "sequences.parquet"), int(meta.pop("layer")), meta)
+
+
+def _rows_of(traj: Any, seq: int, prompt_id: str, source: str, with_prefill: bool) -> tuple[pl.DataFrame, torch.Tensor, list[int]]:
+    """Tag rows and the residual rows kept from one trajectory."""
+    tok = traj.tokens.sort("pos")
+    ids = tok["token_id"].to_list()
+    P = traj.prompt_len
+    n = traj.residual(traj.meta["residual_layers"][0]).shape[0]
+    pos = list(range(0 if with_prefill else P, n))
+    ent = tok["entropy"].to_list()
+    df = pl.DataFrame({
+        "seq": [seq] * len(pos), "prompt_id": [prompt_id] * len(pos), "source": [source] * len(pos),
+        "pos": pos, "step": [0 if p < P else p - P + 1 for p in pos],
+        "phase": ["prefill" if p < P else "decode" for p in pos],
+        "token_id": [ids[p] for p in pos], "next_id": [ids[p + 1] if p + 1 < len(ids) else None for p in pos],
+        "entropy": [ent[p] for p in pos],
+    }, schema_overrides={"next_id": pl.Int64, "entropy": pl.Float64})
+    return df, torch.tensor(pos, dtype=torch.long), ids
+
+
+class _ForwardRun:
+    """The parts of a Trajectory that :func:`_rows_of` reads, from HF ``generate`` + one no-cache forward."""
+
+    def __init__(self, meta: dict, tokens: pl.DataFrame, resid: torch.Tensor):
+        self.meta, self.tokens, self._resid = meta, tokens, resid
+        self.prompt_len = meta["prompt_len"]
+
+    def residual(self, layer: int) -> torch.Tensor:
+        return self._resid
+
+
+@torch.no_grad()
+def forward_run(model: Any, prompt: str, layer: int, *, max_new_tokens: int, temperature: float,
+                top_p: float | None, seed: int, stop_at_eos: bool) -> _ForwardRun:
+    """Generate with Hugging Face ``generate`` (KV cache), then read block ``layer``'s output and the
+    next-token entropy at every computed position from one full-sequence forward without a cache.
+
+    The foundation's acceptance test pins ``capture``'s residuals to exactly this no-cache forward
+    (1e-4 relative), and ``tests/sae/test_harvest.py`` checks both engines give the same rows.
+    """
+    from trajscope.capture import _seeded, encode_prompt
+    from trajscope.sae.splice import block_module
+
+    hf = model.torch_module()
+    ids = encode_prompt(model, prompt)
+    P = len(ids)
+    dev = next(hf.parameters()).device
+    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "pad_token_id": model.tokenizer.pad_token_id}
+    if temperature > 0:
+        kwargs.update(do_sample=True, temperature=float(temperature), top_p=top_p or 1.0, top_k=0)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    eos = model.eos_token_id
+    kwargs["eos_token_id"] = eos if (stop_at_eos and eos is not None) else []
+    with _seeded(seed if temperature > 0 else None):
+        out = hf.generate(torch.tensor([ids], device=dev), **kwargs)[0].tolist()
+    n = len(out) - 1  # positions that were a query of some step (the last token never was)
+    grabbed: list[torch.Tensor] = []
+
+    def hook(_m: Any, _i: Any, o: Any) -> None:
+        grabbed.append((o[0] if isinstance(o, tuple) else o)[0].detach())
+
+    handle = block_module(hf, layer, model.family.blocks).register_forward_hook(hook)
+    try:
+        logits = hf(input_ids=torch.tensor([out[:n]], device=dev), use_cache=False).logits[0].float()
+    finally:
+        handle.remove()
+    lp = logits.log_softmax(-1)
+    ent = (-(lp.exp() * lp).sum(-1)).double().cpu().tolist()
+    tokens = pl.DataFrame({"pos": list(range(len(out))), "token_id": out, "entropy": [*ent, None]},
+                          schema_overrides={"entropy": pl.Float64})
+    return _ForwardRun({"prompt_len": P, "residual_layers": [layer]}, tokens, grabbed[0].float().cpu())
+
+
+def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: int = 256, n_sampled: int = 1,
+            temperature: float = 0.8, top_p: float | None = 0.95, seed: int = 0, stop_at_eos: bool = False,
+            greedy: bool = True, engine: str = "capture",
+            on_capture: Callable[[int, int], None] | None = None) -> Harvest:
+    """Capture continuations of ``prompts`` and collect ``layer``'s block outputs.
+
+    Args:
+        model: a :class:`trajscope.ModelHandle`.
+        prompts: dicts with ``prompt`` (text) and optional ``id``.
+        layer: block index (negative counts from the end).
+        max_new_tokens: decode steps per continuation (0 = prefill only).
+        n_sampled: sampled continuations per prompt (seeds ``seed``, ``seed+1``, …).
+        temperature, top_p: sampling settings for the sampled continuations.
+        stop_at_eos: end a continuation at EOS (default off, so every continuation reaches
+            the same depth; the tiny sample model emits EOS at file ends).
+        greedy: also capture the greedy continuation.
+        engine: ``"capture"`` (:func:`trajscope.capture`, the engine users run; records every
+            table, slow on CPU) or ``"forward"`` (:func:`forward_run`: HF ``generate`` then one
+            no-cache forward per sequence; the same activations, many times faster).
+        on_capture: called with (done, total) after each capture (progress bars).
+
+    Returns:
+        A :class:`Harvest`; ``acts`` is ``[N, d_model]`` float32.
+    """
+    import trajscope as ts
+
+    if not prompts:
+        raise TrajscopeError("The prompt set is empty.")
+    if engine not in ("capture", "forward"):
+        raise TrajscopeError(f"engine must be 'capture' or 'forward', not '{engine}'.")
+    n_layers = model.n_layers
+    if not -n_layers <= layer < n_layers:
+        raise TrajscopeError(f"Layer {layer} is out of range; the model has layers 0..{n_layers - 1}.")
+    layer = layer % n_layers
+    plans: list[tuple[str, float, int]] = []
+    if max_new_tokens <= 0:
+        plans = [("prefill", 0.0, 0)]
+    else:
+        if greedy:
+            plans.append(("greedy", 0.0, seed))
+        plans += [(f"sample-{i}", temperature, seed + i) for i in range(n_sampled)]
+    if not plans:
+        raise TrajscopeError("Nothing to capture: greedy is off and n_sampled is 0.")
+    frames, chunks, seqs = [], [], []
+    total, done = len(prompts) * len(plans), 0
+    for i, item in enumerate(prompts):
+        pid = str(item.get("id", i))
+        for j, (source, temp, s) in enumerate(plans):
+            if engine == "forward":
+                traj = forward_run(model, item["prompt"], layer, max_new_tokens=max(1, max_new_tokens),
+                                   temperature=temp, top_p=top_p, seed=s, stop_at_eos=stop_at_eos)
+            else:
+                traj = ts.capture(model, item["prompt"], max_new_tokens=max(1, max_new_tokens), temperature=temp,
+                                  top_p=top_p if temp > 0 else None, seed=s, stop_at_eos=stop_at_eos,
+                                  residual_layers=[layer], run_id=f"{pid}-{source}")
+            seq = len(seqs)
+            df, pos, ids = _rows_of(traj, seq, pid, source, with_prefill=(j == 0))
+            if max_new_tokens <= 0:
+                keep = df["phase"] == "prefill"
+                df, pos = df.filter(keep), pos[torch.as_tensor(keep.to_numpy())]
+            frames.append(df)
+            chunks.append(traj.residual(layer)[pos].float())
+            seqs.append({"seq": seq, "prompt_id": pid, "source": source, "prompt_len": traj.prompt_len,
+                         "token_ids": ids})
+            done += 1
+            if on_capture is not None:
+                on_capture(done, total)
+    rows = pl.concat(frames).with_columns(
+        pl.col("entropy").map_elements(entropy_band, return_dtype=pl.String).alias("entropy_band"),
+        pl.col("step").map_elements(depth_band, return_dtype=pl.String).alias("depth_band"))
+    desc = model.describe()
+    meta = {"model": desc["model_id"], "revision": desc["revision"], "layer_name": f"block {layer} output",
+            "max_new_tokens": max_new_tokens, "n_sampled": n_sampled, "temperature": temperature,
+            "top_p": top_p, "seed": seed, "stop_at_eos": stop_at_eos, "greedy": greedy, "n_prompts": len(prompts), "engine": engine}
+    return Harvest(torch.cat(chunks), rows, pl.DataFrame(seqs), layer, meta)
