@@ -123,7 +123,7 @@ def step_record(step, first_pos, P, consumed, attn_rows, resid, logits, prev_lp,
         The record dict that :func:`trajscope.trajectory.build_tables` consumes; its
         ``"last_lp"`` entry is the ``[vocab]`` log-probabilities of this step's last row.
     """
-    res_layers, row_layers, top_k_keys, top_k_tokens = opts
+    res_layers, row_layers, top_k_keys, top_k_tokens, probe = opts
     q = consumed.shape[0]
     if q == 1:
         a_stats = attention_stats(torch.stack(attn_rows), P, first_pos, top_k_keys)
@@ -145,7 +145,26 @@ def step_record(step, first_pos, P, consumed, attn_rows, resid, logits, prev_lp,
         "resid": {layer: resid[layer].detach().clone() for layer in res_layers},
         "rows": {layer: attn_rows[layer].detach().clone() for layer in row_layers},
         "last_lp": lp[-1],
+        "probe": probe_scores(resid, probe, step, t_stats["entropy"][-1]) if probe is not None else None,
     }
+
+
+def probe_scores(resid, probe, step: int, entropy: torch.Tensor):
+    """Drift scores of the last query position at the probed layers, or None when not sampled.
+
+    Args:
+        resid: per layer ``[q, d_model]``.
+        probe: ``(layers, mean [Lp, d], inv_sd [Lp, d], threshold [Lp], every, entropy_threshold)``.
+        step: the current step (prefill, step 0, is never probed).
+        entropy: next-token entropy at the last query (nats).
+    Returns:
+        ``[Lp]`` scores (diagonal Mahalanobis / √d) or None.
+    """
+    layers, mean, inv_sd, _, every, ent_thr = probe
+    if step == 0 or not (step % every == 0 or (ent_thr >= 0 and float(entropy) > ent_thr)):
+        return None
+    x = torch.stack([resid[layer][-1] for layer in layers]).float()
+    return ((x - mean.to(x.device)) * inv_sd.to(x.device)).pow(2).mean(-1).sqrt()
 
 
 def steer_output(out, specs, steps: torch.Tensor):

@@ -129,6 +129,7 @@ def capture(
     residual_layers: LayerSpec = None,
     attention_layers: LayerSpec = None,
     steering: Sequence[SteeringVector] = (),
+    probe: Any = None,
     on_step: Callable[[StepEvent], None] | None = None,
     cancel: Any = None,
     run_id: str | None = None,
@@ -151,6 +152,8 @@ def capture(
         steering: :class:`~trajscope.steering.SteeringVector` s applied at the steps
             ``start_step ≤ s < end_step`` (recorded in ``meta["steering"]``; the
             directions are kept as tensors ``steering.{i}``).
+        probe: a :class:`~trajscope.profile.DriftProbe`; scored decode steps go to the
+            ``probe`` table and ``meta["probe"]`` (the profile must match the model).
         on_step: called with a :class:`StepEvent` as each step finishes (locally
             while generating; for NDIF, after the results come back).
         cancel: a ``threading.Event`` (or a callable returning bool); when set,
@@ -182,6 +185,11 @@ def capture(
         vec.validate(model.n_layers, model.d_model, max_new_tokens)
     steer = [[v.spec() for v in steering if v.layer == layer] for layer in range(model.n_layers)]
     res_layers = _layers(residual_layers, model.n_layers, "residual_layers")
+    probe_spec = None
+    if probe is not None:
+        probe.profile.check_model(model.n_layers, model.d_model, model.model_id)
+        probe_spec = probe.spec()
+        _layers(probe_spec[0], model.n_layers, "probe layers")
     row_layers = _layers(attention_layers, model.n_layers, "attention_layers")
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     sampling = {"do_sample": temperature > 0, "temperature": temperature, "top_p": top_p, "top_k": top_k,
@@ -193,6 +201,7 @@ def capture(
         "residual_layers": res_layers, "attention_layers": row_layers,
         "top_k_keys": top_k_keys, "top_k_tokens": top_k_tokens,
         "steering": [v.to_dict() for v in steering],
+        "probe": probe.to_dict() if probe is not None else None,
     }
     gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "logits_to_keep": 0,
                                   "pad_token_id": model.tokenizer.pad_token_id}
@@ -228,7 +237,7 @@ def capture(
     with model.lock, _seeded(seed if temperature > 0 else None), torch.no_grad():
         try:
             result = _run_trace(model, ids, gen_kwargs, records, state, (res_layers, row_layers, top_k_keys,
-                                top_k_tokens), steer, emit, max_new_tokens)
+                                top_k_tokens, probe_spec), steer, emit, max_new_tokens)
         except KeyboardInterrupt:
             result, stop_reason = None, "interrupted"
     if result is not None and result[1] is not records:  # remote: the server's copies came back
@@ -245,6 +254,11 @@ def capture(
             stop_reason = "max_new_tokens"
     traj = _assemble(model, meta, records, final_ids, state, res_layers, row_layers, stop_reason)
     traj.tensors.update({f"steering.{i}": v.direction for i, v in enumerate(steering)})
+    if probe_spec is not None:
+        traj.probe = _probe_table(traj, records, probe_spec)
+        traj.meta["probe"].update(n_probed=traj.probe["step"].n_unique(),
+                                  n_flagged_steps=traj.probe.filter("flagged")["step"].n_unique(),
+                                  flagged=bool(traj.probe["flagged"].any()))
     if on_step is not None and model.remote:
         for rec in records:
             on_step(_event(model, rec, max_new_tokens, lambda: traj))
@@ -321,6 +335,19 @@ def capture_many(model: ModelHandle, prompts: Iterable[str], **kwargs: Any) -> I
     """Capture each prompt in turn (a generator, so callers can save as they go)."""
     for prompt in prompts:
         yield capture(model, prompt, **kwargs)
+
+
+def _probe_table(traj: Trajectory, records: list[dict], spec: tuple):
+    """One row per probed step × layer: run_id, step, pos, layer, score, threshold, flagged."""
+    import polars as pl
+
+    layers, thr = spec[0], spec[3].tolist()
+    rows = [(r["step"], r["first_pos"] + len(r["ids"]) - 1, layer, float(sc), thr[i])
+            for r in records if r.get("probe") is not None for i, (layer, sc) in enumerate(zip(layers, r["probe"].tolist()))]
+    df = pl.DataFrame(rows, schema={"step": pl.Int32, "pos": pl.Int32, "layer": pl.Int16, "score": pl.Float64,
+                                    "threshold": pl.Float64}, orient="row")
+    return df.with_columns(pl.lit(traj.run_id).alias("run_id"), (pl.col("score") > pl.col("threshold")).alias("flagged")
+                           ).select("run_id", "step", "pos", "layer", "score", "threshold", "flagged")
 
 
 def last_token_residuals(model: ModelHandle, prompts: Sequence[str], layer: int) -> torch.Tensor:

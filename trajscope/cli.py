@@ -144,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=5006)
     s.add_argument("--show", action="store_true")
     s.set_defaults(func=cmd_serve)
-    from trajscope import cli_steer
+    from trajscope import cli_drift, cli_steer
 
     cli_steer.register(sub)
+    cli_drift.register(sub)
     from trajscope import cli_sae
     cli_sae.register(sub)
     return ap

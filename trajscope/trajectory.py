@@ -41,6 +41,7 @@ from trajscope.errors import TrajscopeError
 
 SCHEMA_VERSION = 1
 TABLES = ("tokens", "attention", "activations")
+OPTIONAL_TABLES = ("features", "probe")  # present when an SAE / a drift probe was attached
 TENSOR_FILE = "tensors.safetensors"
 
 
@@ -67,12 +68,19 @@ class Trajectory:
     """
 
     def __init__(self, meta: dict, tokens: pl.DataFrame, attention: pl.DataFrame,
-                 activations: pl.DataFrame, tensors: dict[str, torch.Tensor] | None = None):
+                 activations: pl.DataFrame, tensors: dict[str, torch.Tensor] | None = None,
+                 features: pl.DataFrame | None = None, probe: pl.DataFrame | None = None):
         self.meta = meta
         self.tokens = tokens
         self.attention = attention
         self.activations = activations
+        self.features = features
+        self.probe = probe
         self.tensors = dict(tensors or {})
+
+    def table_names(self) -> list[str]:
+        """The tables this run holds: the three core ones plus any optional ones present."""
+        return list(TABLES) + [t for t in OPTIONAL_TABLES if getattr(self, t) is not None]
 
     # -- basic facts --------------------------------------------------------------------
     @property
@@ -132,9 +140,9 @@ class Trajectory:
         except OSError as exc:
             raise TrajscopeError(f"Cannot write the run to '{path}': {exc.strerror or exc}.") from None
         try:
-            meta = dict(self.meta, schema_version=SCHEMA_VERSION, tables=list(TABLES),
+            meta = dict(self.meta, schema_version=SCHEMA_VERSION, tables=self.table_names(),
                         tensors=sorted(self.tensors))
-            for name in TABLES:
+            for name in self.table_names():
                 getattr(self, name).write_parquet(tmp / f"{name}.parquet")
             if self.tensors:
                 from safetensors.torch import save_file
@@ -175,7 +183,7 @@ class Trajectory:
             raise TrajscopeError(f"Run directory '{path}' has schema version {version}; this trajscope reads "
                                  f"version {SCHEMA_VERSION}.")
         tables = {}
-        for name in TABLES:
+        for name in list(TABLES) + [t for t in OPTIONAL_TABLES if t in meta.get("tables", ())]:
             f = path / f"{name}.parquet"
             if not f.exists():
                 raise TrajscopeError(f"Run directory '{path}' is incomplete: {f.name} is missing.")

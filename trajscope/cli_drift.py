@@ -1,0 +1,101 @@
+"""``trajscope profile`` and ``trajscope drift``: the decode-regime calibration report.
+
+``profile`` captures the prefill of a prompt set and writes a
+:class:`~trajscope.profile.ReferenceProfile` (per-layer moments plus a drift
+threshold calibrated to ``--fpr`` on held-out prompts).
+
+``drift`` continues every prompt for ``--max-new-tokens`` steps with all
+residuals kept, scores every position against the profile (given with
+``--profile`` or built from the same prompts' prefill), and writes under
+``--out``: ``positions.parquet`` (position × layer), ``by_depth.parquet`` and
+``by_entropy.parquet`` (group × layer summaries with the per-dimension Gaussian
+KL), and ``profile.safetensors``. It prints drift score and flagged fraction by
+layer × decode depth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    import trajscope as ts
+    from trajscope.cli import read_prompts
+    from trajscope.profile import build_profile
+
+    prompts = [p["prompt"] for p in read_prompts(args.prompts)]
+    model = ts.load_model(args.model, device=args.device)
+    prof = build_profile(model, prompts, fpr=args.fpr, seed=args.seed)
+    path = prof.save(args.out)
+    thr = ", ".join(f"{t:.3f}" for t in prof.threshold.tolist())
+    print(f"{path}: {prof.info['n_positions']} prefill positions from {len(prompts)} prompts; "
+          f"thresholds at fpr {args.fpr}: [{thr}]", file=sys.stderr)
+    return 0
+
+
+def cmd_drift(args: argparse.Namespace) -> int:
+    import polars as pl
+    from tqdm.auto import tqdm
+
+    import trajscope as ts
+    from trajscope.cli import read_prompts
+    from trajscope.metrics.residual_drift import drift_by_group, drift_table
+    from trajscope.profile import ReferenceProfile, build_profile
+
+    prompts = [p["prompt"] for p in read_prompts(args.prompts)]
+    prof = ReferenceProfile.load(args.profile) if args.profile else None
+    model = ts.load_model(args.model, device=args.device)
+    if prof is None:
+        prof = build_profile(model, prompts, fpr=args.fpr, seed=args.seed)
+    prof.check_model(model.n_layers, model.d_model, model.model_id)
+    out = pathlib.Path(args.out)
+    trajs = []
+    for prompt in tqdm(prompts, desc="decode", unit="prompt"):
+        trajs.append(ts.capture(model, prompt, max_new_tokens=args.max_new_tokens, residual_layers="all",
+                                temperature=args.temperature, seed=args.seed, stop_at_eos=not args.no_eos))
+    positions = pl.concat([drift_table(t, prof) for t in trajs])
+    by_depth = drift_by_group(trajs, prof, by="depth_band")
+    by_entropy = drift_by_group(trajs, prof, by="entropy_band")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        positions.write_parquet(out / "positions.parquet")
+        by_depth.write_parquet(out / "by_depth.parquet")
+        by_entropy.write_parquet(out / "by_entropy.parquet")
+        prof.save(out / "profile.safetensors")
+    except OSError as exc:
+        raise ts.TrajscopeError(f"Cannot write the drift report to '{out}': {exc.strerror or exc}.") from None
+    wide = by_depth.pivot(on="depth_band", index="layer", values="score", maintain_order=True)
+    flags = by_depth.pivot(on="depth_band", index="layer", values="flagged_frac", maintain_order=True)
+    with pl.Config(tbl_rows=100, tbl_cols=20, float_precision=3):
+        print("mean drift score (diagonal Mahalanobis / sqrt(d); prefill ~ 1) by layer x decode depth")
+        print(wide)
+        print(f"fraction of positions flagged (threshold calibrated to fpr {prof.info['fpr']} on held-out prefill)")
+        print(flags)
+    print(f"written to {out}/", file=sys.stderr)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``profile`` and ``drift`` to the ``trajscope`` parser."""
+    p = sub.add_parser("profile", help="prefill reference profile of a prompt set")
+    p.add_argument("--model", default="sample")
+    p.add_argument("--device", default=None)
+    p.add_argument("--prompts", required=True)
+    p.add_argument("--fpr", type=float, default=0.01, help="target false-positive rate of the drift threshold")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="profile file (.safetensors)")
+    p.set_defaults(func=cmd_profile)
+    d = sub.add_parser("drift", help="drift of decode versus the prefill profile, by layer and depth")
+    d.add_argument("--model", default="sample")
+    d.add_argument("--device", default=None)
+    d.add_argument("--prompts", required=True)
+    d.add_argument("--profile", default=None, help="a profile file; default: built from these prompts' prefill")
+    d.add_argument("--fpr", type=float, default=0.01)
+    d.add_argument("--max-new-tokens", type=int, default=64)
+    d.add_argument("--temperature", type=float, default=0.0)
+    d.add_argument("--no-eos", action="store_true")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--out", required=True)
+    d.set_defaults(func=cmd_drift)

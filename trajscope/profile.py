@@ -1,0 +1,235 @@
+"""ReferenceProfile: what the residual stream looks like during prefill, per layer.
+
+Built from the prefill positions of a prompt set (position 0 skipped by
+default: the first token's attention-sink activations are an outlier class of
+their own), a profile stores per layer and dimension the mean and variance,
+the distribution of per-position statistics (norm, variance, excess kurtosis,
+outlier rate |x| > 6, massive-activation rate |x| > 100 and > 1000 × the layer's
+median |x|), and a drift threshold calibrated to a false-positive rate.
+
+The drift score of a position at a layer is the diagonal Mahalanobis distance
+to the prefill mean, divided by √d_model so that in-distribution positions
+score about 1: ``m(x) = sqrt(mean_d((x_d − μ_d)² / σ_d²))``. Calibration: the
+prompts are split by a seeded permutation into a fitting part (mean, variance)
+and a held-out part; the threshold of each layer is the ``1 − fpr`` quantile of
+the held-out prefill scores, so a fresh prefill position of the same prompt
+distribution is flagged with probability ≈ ``fpr``.
+
+Profiles save to one ``.safetensors`` file (tensors + JSON metadata) and refuse to
+score a model of another width or depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from trajscope.errors import TrajscopeError
+
+SCALAR_STATS = ("norm", "var", "kurtosis", "outlier_rate", "massive_rate")
+
+
+def position_stats(x: torch.Tensor, median_abs: torch.Tensor | float) -> dict[str, torch.Tensor]:
+    """Per-position statistics of residual vectors.
+
+    Args:
+        x: ``[n, d_model]``; median_abs: the layer's median |x| (scalar) for the massive rule.
+    Returns:
+        ``{stat: [n]}`` for SCALAR_STATS (float64).
+    """
+    x = x.double()
+    mean = x.mean(-1, keepdim=True)
+    c = x - mean
+    var = c.pow(2).mean(-1)
+    kurt = torch.where(var > 0, c.pow(4).mean(-1) / var.pow(2).clamp_min(1e-300) - 3.0, torch.zeros_like(var))
+    ax = x.abs()
+    return {"norm": x.norm(dim=-1), "var": var, "kurtosis": kurt,
+            "outlier_rate": (ax > 6.0).double().mean(-1),
+            "massive_rate": ((ax > 100.0) & (ax > 1000.0 * float(median_abs))).double().mean(-1)}
+
+
+@dataclasses.dataclass
+class ReferenceProfile:
+    """Prefill reference statistics for every layer of one model.
+
+    Attributes:
+        mean, var: ``[n_layers, d_model]`` per-dimension mean and variance (float64).
+        median_abs: ``[n_layers]`` median |x| over all prefill values.
+        stat_mean, stat_std: ``[n_layers, len(SCALAR_STATS)]`` distribution of per-position stats.
+        threshold: ``[n_layers]`` drift-score threshold calibrated to ``fpr``.
+        info: model fingerprint and build settings (model_id, revision, n_layers, d_model,
+            n_prompts, n_positions, fpr, skip_first, heldout_fraction, seed).
+    """
+
+    mean: torch.Tensor
+    var: torch.Tensor
+    median_abs: torch.Tensor
+    stat_mean: torch.Tensor
+    stat_std: torch.Tensor
+    threshold: torch.Tensor
+    info: dict[str, Any]
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.mean.shape[0])
+
+    @property
+    def d_model(self) -> int:
+        return int(self.mean.shape[1])
+
+    def score(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Drift score (diagonal Mahalanobis / √d) of ``x`` ``[n, d_model]`` at ``layer``: ``[n]``."""
+        z2 = (x.double() - self.mean[layer]).pow(2) / self.var[layer].clamp_min(1e-12)
+        return z2.mean(-1).sqrt()
+
+    def check_model(self, n_layers: int, d_model: int, model_id: str = "") -> None:
+        """Refuse a model whose depth or width differs from the profile's."""
+        if (n_layers, d_model) != (self.n_layers, self.d_model):
+            raise TrajscopeError(
+                f"This profile was built on '{self.info.get('model_id')}' ({self.n_layers} layers, width "
+                f"{self.d_model}) and cannot score '{model_id}' ({n_layers} layers, width {d_model}).")
+
+    # -- IO ---------------------------------------------------------------------------------
+    def save(self, path: str | pathlib.Path) -> pathlib.Path:
+        from safetensors.torch import save_file
+
+        path = pathlib.Path(path)
+        tensors = {k: getattr(self, k).contiguous() for k in
+                   ("mean", "var", "median_abs", "stat_mean", "stat_std", "threshold")}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_file(tensors, str(path), metadata={"info": json.dumps(self.info), "kind": "trajscope-profile"})
+        except OSError as exc:
+            raise TrajscopeError(f"Cannot write the profile to '{path}': {exc.strerror or exc}.") from None
+        return path
+
+    @classmethod
+    def load(cls, path: str | pathlib.Path) -> "ReferenceProfile":
+        from safetensors import safe_open
+
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise TrajscopeError(f"No profile at '{path}'; build one with `trajscope profile`.")
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                meta = fh.metadata() or {}
+                if meta.get("kind") != "trajscope-profile":
+                    raise TrajscopeError(f"'{path}' is not a trajscope profile.")
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        except TrajscopeError:
+            raise
+        except Exception as exc:
+            raise TrajscopeError(f"'{path}' is not a readable profile ({exc}).") from None
+        return cls(info=json.loads(meta["info"]), **tensors)
+
+
+def profile_from_residuals(residuals: Sequence[dict[int, torch.Tensor]], *, fpr: float = 0.01,
+                           heldout_fraction: float = 0.3, seed: int = 0, info: dict | None = None) -> ReferenceProfile:
+    """Fit a profile from prefill residuals of many prompts.
+
+    Args:
+        residuals: per prompt, ``{layer: [n_prefill_positions, d_model]}`` (all layers 0..L-1).
+        fpr: target false-positive rate of the calibrated threshold.
+        heldout_fraction: share of prompts used only for calibration.
+    Returns:
+        A :class:`ReferenceProfile`.
+    """
+    n = len(residuals)
+    if n < 2:
+        raise TrajscopeError("A profile needs at least two prompts (one to fit, one to calibrate).")
+    if not 0 < fpr < 0.5:
+        raise TrajscopeError(f"fpr must be between 0 and 0.5, not {fpr}.")
+    order = np.random.default_rng(seed).permutation(n)
+    n_held = min(n - 1, max(1, int(round(n * heldout_fraction))))
+    held, fit = order[:n_held], order[n_held:]
+    layers = sorted(residuals[0])
+    means, vars_, meds, smean, sstd, thr = [], [], [], [], [], []
+    for layer in layers:
+        x = torch.cat([residuals[i][layer] for i in fit]).double()
+        if x.shape[0] < 2:
+            raise TrajscopeError("The prompts hold too few prefill positions to fit a profile.")
+        mu, var = x.mean(0), x.var(0, unbiased=True)
+        med = torch.tensor(float(np.median(x.abs().numpy())), dtype=torch.float64)
+        stats = position_stats(x, med)
+        means.append(mu)
+        vars_.append(var)
+        meds.append(med)
+        smean.append(torch.stack([stats[s].mean() for s in SCALAR_STATS]))
+        sstd.append(torch.stack([stats[s].std() for s in SCALAR_STATS]))
+        xh = torch.cat([residuals[i][layer] for i in held]).double()
+        scores = ((xh - mu).pow(2) / var.clamp_min(1e-12)).mean(-1).sqrt()
+        thr.append(torch.quantile(scores, 1.0 - fpr))
+    info = dict(info or {}, n_prompts=n, n_fit_prompts=len(fit), n_heldout_prompts=n_held,
+                n_positions=int(sum(residuals[i][layers[0]].shape[0] for i in range(n))), fpr=fpr,
+                heldout_fraction=heldout_fraction, seed=seed)
+    return ReferenceProfile(mean=torch.stack(means), var=torch.stack(vars_), median_abs=torch.stack(meds),
+                            stat_mean=torch.stack(smean), stat_std=torch.stack(sstd), threshold=torch.stack(thr),
+                            info=info)
+
+
+def build_profile(model: Any, prompts: Sequence[str], *, fpr: float = 0.01, skip_first: bool = True,
+                  heldout_fraction: float = 0.3, seed: int = 0, progress: bool = True) -> ReferenceProfile:
+    """Capture the prefill of every prompt (one step, all layers) and fit a profile.
+
+    Args:
+        model: a :class:`~trajscope.model.ModelHandle`.
+        prompts: prompt texts (at least two).
+        skip_first: leave position 0 out (attention-sink activations).
+    """
+    from tqdm.auto import tqdm
+
+    from trajscope.capture import capture
+
+    if len(prompts) < 2:
+        raise TrajscopeError("A profile needs at least two prompts (one to fit, one to calibrate).")
+    res = []
+    for prompt in tqdm(prompts, desc="prefill profile", unit="prompt", disable=not progress):
+        traj = capture(model, prompt, max_new_tokens=1, residual_layers="all", stop_at_eos=False)
+        start = 1 if skip_first else 0
+        res.append({layer: traj.residual(layer)[start: traj.prompt_len] for layer in range(model.n_layers)})
+    info = {"model_id": model.model_id, "revision": model.revision(), "n_layers": model.n_layers,
+            "d_model": model.d_model, "skip_first": skip_first}
+    return profile_from_residuals(res, fpr=fpr, heldout_fraction=heldout_fraction, seed=seed, info=info)
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftProbe:
+    """An online drift probe for :func:`trajscope.capture` (``probe=``).
+
+    During decode, the residual of each probed layer is scored against ``profile``
+    every ``every`` steps, and at any step whose next-token entropy exceeds
+    ``entropy_threshold`` (nats); a step is flagged when its score passes the
+    layer's calibrated threshold. Step-level false alarms happen at the profile's
+    ``fpr`` per probed (step, layer); a trajectory counts as flagged when any step is.
+
+    Attributes:
+        profile: the prefill reference.
+        layers: probed layers (default: all).
+        every: probe every k-th decode step.
+        entropy_threshold: also probe when next-token entropy exceeds this (None: never).
+    """
+
+    profile: ReferenceProfile
+    layers: tuple[int, ...] | None = None
+    every: int = 1
+    entropy_threshold: float | None = None
+
+    def spec(self) -> tuple:
+        """Plain tuple for the capture loop: (layers, mean, 1/sd, thresholds, every, entropy threshold)."""
+        layers = list(self.layers) if self.layers is not None else list(range(self.profile.n_layers))
+        if self.every < 1:
+            raise TrajscopeError(f"The probe's every must be ≥ 1, not {self.every}.")
+        p = self.profile
+        return (layers, p.mean[layers].float(), p.var[layers].clamp_min(1e-12).rsqrt().float(),
+                p.threshold[layers].float(), int(self.every),
+                -1.0 if self.entropy_threshold is None else float(self.entropy_threshold))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": list(self.layers) if self.layers is not None else "all", "every": self.every,
+                "entropy_threshold": self.entropy_threshold, "fpr": self.profile.info.get("fpr"),
+                "profile_model": self.profile.info.get("model_id")}
