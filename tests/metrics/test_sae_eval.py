@@ -77,3 +77,13 @@ def test_drift_table_groups_and_side_by_side():
     assert wide.columns == ["kind", "group", "n", "fvu[a]", "fvu[b]", "kl[a]", "kl[b]"]
     ratio = ev.ratio_to_prefill(t, "fvu_uncentred").filter((pl.col("sae") == "a") & (pl.col("group") == "prefill"))
     assert ratio["fvu_uncentred_vs_prefill"][0] == pytest.approx(1.0)
+
+
+def test_source_groups_split_greedy_and_sampled_decode_rows():
+    rows = pl.DataFrame({"phase": ["prefill", "decode", "decode", "decode"], "step": [0, 1, 1, 2],
+                         "source": ["greedy", "greedy", "sample-0", "sample-0"],
+                         "depth_band": ["prefill", "1-4", "1-4", "1-4"], "entropy_band": ["3+"] * 4})
+    x = torch.tensor(X)
+    t = ev.drift_table(rows, x, {"a": (torch.tensor(X_HAT), torch.tensor(F))})
+    src = t.filter(pl.col("kind") == "source")
+    assert src["group"].to_list() == ["decode greedy", "decode sample-0"] and src["n"].to_list() == [1, 2]

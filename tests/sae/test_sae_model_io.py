@@ -158,3 +158,19 @@ def test_wrong_width_or_layer_is_one_clear_error():
         sae.encode(torch.zeros(2, 32))
     with pytest.raises(TrajscopeError, match="trained on layer 1"):
         sae.check_input(torch.zeros(2, 8), layer=3)
+
+
+def test_sae_features_for_capture_match_full_encode():
+    from trajscope.sae import sae_features
+
+    sae, x = tiny_sae("standard"), acts(n=5)
+    out = sae_features(sae, x, k=4)
+    f = sae.encode(x).detach()
+    assert out["feature"].shape == (5, 4) and out["feature"].dtype == torch.int64
+    for row in range(5):
+        order = np.argsort(-f[row].numpy(), kind="stable")[:4]
+        np.testing.assert_allclose(out["value"][row].numpy(), f[row].numpy()[order], rtol=1e-6)
+    assert out["l0"].tolist() == (f > 0).sum(-1).tolist()
+    x_hat = sae(x).detach()
+    torch.testing.assert_close(out["sq_err"], ((x - x_hat) ** 2).sum(-1))
+    torch.testing.assert_close(out["sq_norm"], (x ** 2).sum(-1))

@@ -20,7 +20,7 @@ Definitions (DESIGN.md, "SAE reconstruction"), over a set S of activation rows
   replacing the block output at every position (:mod:`trajscope.sae.splice`).
 
 Grouping: ``prefill`` (all prompt positions) is the reference row; decode rows are
-grouped by exact step (1, 8, 50, 200), by depth band (:data:`DEPTH_BANDS`) and by
+grouped by continuation (greedy / sampled), by exact step (1, 8, 50, 200), by depth band (:data:`DEPTH_BANDS`) and by
 next-token-entropy band (:data:`ENTROPY_EDGES`, nats) crossed with phase, so a
 decode band is compared with prefill positions of the same entropy.
 """
@@ -101,10 +101,14 @@ def reconstruction_stats(x: torch.Tensor, x_hat: torch.Tensor, f: torch.Tensor) 
 def report_groups(rows: pl.DataFrame, steps: Sequence[int] = DEPTH_STEPS) -> list[tuple[str, str, pl.Expr]]:
     """The report's row groups as ``(kind, label, filter expression)`` over a harvest's rows frame.
 
-    ``rows`` needs ``phase``, ``step``, ``depth_band`` and ``entropy_band`` columns.
+    ``rows`` needs ``phase``, ``step``, ``depth_band`` and ``entropy_band`` columns; with a
+    ``source`` column, decode rows are also grouped by continuation (``greedy``, ``sample-0``…).
     """
     groups: list[tuple[str, str, pl.Expr]] = [("phase", "prefill", pl.col("phase") == "prefill"),
                                               ("phase", "decode", pl.col("phase") == "decode")]
+    if "source" in rows.columns:  # greedy vs sampled continuations
+        srcs = sorted(rows.filter(pl.col("phase") == "decode")["source"].unique().to_list())
+        groups += [("source", f"decode {s}", (pl.col("phase") == "decode") & (pl.col("source") == s)) for s in srcs]
     groups += [("step", str(s), pl.col("step") == s) for s in steps]
     bands = [b for b in rows.filter(pl.col("phase") == "decode")["depth_band"].unique().to_list() if b]
     order = [depth_band(lo) for lo, _ in DEPTH_BANDS]

@@ -1,0 +1,71 @@
+"""Train the two shipped SAEs of the sample model and write their drift report.
+
+Runs the same CLI commands a user would (``trajscope harvest`` / ``train-sae`` /
+``sae-drift``), in this order:
+
+1. harvest layer ``--layer`` (default 3) of the sample model over
+   ``heldout_chunks.jsonl`` (prefill positions only; the SAE prefill corpus),
+   over the ``train``-split prompts of ``heldout_code.jsonl`` (prefill + greedy and
+   sampled continuations of ``--max-new-tokens``) and over the ``eval``-split
+   prompts (never used for training);
+2. train a prefill-only SAE (decode fraction 0) and a hybrid SAE (``--decode-fraction``)
+   with the same width, k, seed and budget (``--n-tokens`` rows);
+3. ``trajscope sae-drift`` on the eval harvest, both SAEs side by side.
+
+Harvests go to ``--work`` (not shipped; tens of MB); SAEs, loss curves,
+training metrics and the report Parquet files go to ``sample_data/saes/``.
+Usage: ``python scripts/make_sample_saes.py [--threads 1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run(argv: list[str]) -> None:
+    from trajscope.cli import main
+
+    print("$ trajscope " + " ".join(argv), file=sys.stderr, flush=True)
+    rc = main(argv)
+    if rc:
+        sys.exit(rc)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layer", type=int, default=3)
+    ap.add_argument("--d-sae", type=int, default=1024)
+    ap.add_argument("--k", type=int, default=32)
+    ap.add_argument("--n-tokens", type=int, default=1_536_000)
+    ap.add_argument("--decode-fraction", type=float, default=0.5)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--work", default=str(ROOT / "scratch" / "sae_harvest"))
+    ap.add_argument("--out", default=str(ROOT / "sample_data" / "saes"))
+    ap.add_argument("--skip-harvest", action="store_true", help="reuse the harvests in --work")
+    args = ap.parse_args()
+    prompts = ROOT / "sample_data" / "prompts"
+    work, out = pathlib.Path(args.work), pathlib.Path(args.out)
+    common = ["--model", "sample", "--layer", str(args.layer), "--threads", str(args.threads), "--quiet"]
+    if not args.skip_harvest:
+        run(["harvest", *common, "--prompts", str(prompts / "heldout_chunks.jsonl"), "--max-new-tokens", "0",
+             "--out", str(work / "chunks")])
+        for split in ("train", "eval"):
+            run(["harvest", *common, "--prompts", str(prompts / "heldout_code.jsonl"), "--split", split,
+                 "--max-new-tokens", str(args.max_new_tokens), "--n-sampled", "1", "--out", str(work / split)])
+    name = f"layer{args.layer}"
+    for kind, frac in (("prefill-only", 0.0), ("hybrid", args.decode_fraction)):
+        run(["train-sae", "--harvest", str(work / "chunks"), str(work / "train"), "--decode-fraction", str(frac),
+             "--d-sae", str(args.d_sae), "--k", str(args.k), "--n-tokens", str(args.n_tokens),
+             "--threads", str(args.threads), "--quiet", "--out", str(out / f"{name}-{kind}")])
+    run(["sae-drift", "--harvest", str(work / "eval"), "--model", "sample", "--threads", str(args.threads),
+         "--sae", f"prefill-only={out / f'{name}-prefill-only'}", f"hybrid={out / f'{name}-hybrid'}",
+         "--quiet", "--out", str(out / "report")])
+
+
+if __name__ == "__main__":
+    main()
