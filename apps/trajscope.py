@@ -14,16 +14,9 @@ import os
 
 import panel as pn
 
-import trajscope as ts
-from trajscope.model import sample_data_dir
-from trajscope.ui.state import DEMO_PROMPT
+from trajscope.ui.views.app import default_page
 
 pn.extension(notifications=True)
 
-run_dir = os.environ.get("TRAJSCOPE_RUN") or str(sample_data_dir() / "runs" / "demo")
-has_run = os.path.exists(os.path.join(run_dir, "meta.json"))
-app = ts.TrajScope(model=os.environ.get("TRAJSCOPE_MODEL", "sample"), trajectory=run_dir if has_run else None,
-                   prompt=DEMO_PROMPT, max_new_tokens=64 if has_run else 24, autostart=not has_run)
-if has_run:
-    app.state.run_path = run_dir
-app.template().servable(title="trajscope")
+default_page(os.environ.get("TRAJSCOPE_RUN") or None, model=os.environ.get("TRAJSCOPE_MODEL", "sample")).servable(
+    title="trajscope")

@@ -1,6 +1,7 @@
 """Plot builders: Polars in, HoloViews out; changing the step changes the elements' data."""
 
 import holoviews as hv
+from bokeh.document import Document
 import numpy as np
 import polars as pl
 import pytest
@@ -125,4 +126,4 @@ def test_builders_render_with_bokeh(short_run):
     for el in (plots.token_strip(lay, P) * plots.token_cursor(lay, P, P + 1),
                plots.attention_heatmap(short_run.attention_rows(0)[0].numpy(), P) * plots.attention_cursor(2, P, 20),
                plots.head_grid(q, 1, "entropy"), plots.telemetry_plot(step_telemetry(short_run.attention)) * plots.step_cursor(1)):
-        assert r.get_plot(el).state is not None
+        assert r.get_plot(el, doc=Document()).state is not None

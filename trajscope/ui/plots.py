@@ -20,6 +20,7 @@ import holoviews as hv
 import holoviews.plotting.bokeh  # noqa: F401  (registers the bokeh backend's plot options)
 import numpy as np
 import polars as pl
+from bokeh.core.properties import value
 
 from trajscope.metrics.attention import TELEMETRY_FIELDS
 
@@ -131,7 +132,7 @@ def token_strip(layout: pl.DataFrame, prompt_len: int, metric_label: str = "valu
                                        (metric_label, "@value{0.000}")],
                        clipping_colors={"NaN": "#e0e0e0"}, nonselection_alpha=1.0, selection_alpha=1.0)
     labels = hv.Labels({"x": df["xc"].to_numpy(), "y": df["yc"].to_numpy(), "text": df["label"].to_list()},
-                       kdims=["x", "y"], vdims=["text"]).opts(text_font="monospace", text_font_size="9pt",
+                       kdims=["x", "y"], vdims=["text"]).opts(text_font=value("monospace"), text_font_size="9pt",
                                                              text_color="black")
     b = layout.filter(pl.col("pos") == prompt_len)
     segs = {"x0": [], "y0": [], "x1": [], "y1": []}

@@ -6,6 +6,7 @@ from typing import Callable
 
 import panel as pn
 import param
+from panel.io.state import set_curdoc
 
 from trajscope.ui.state import AppState
 
@@ -31,7 +32,7 @@ def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
     doc = doc if doc is not None else pn.state.curdoc
 
     def run(fn: Callable[[], None]) -> None:
-        with pn.io.state.set_curdoc(doc):
+        with set_curdoc(doc):
             fn()
 
     def dispatch(fn: Callable[[], None]) -> None:

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+from functools import partial
+
 from bokeh.models import BoxAnnotation, Span
+from panel.io.document import unlocked
 from panel.io.notebook import push_notebook
+from panel.io.state import state
 
 from trajscope.ui.plots import CURSOR_COLOR
 
@@ -75,6 +79,14 @@ class Cursor:
         self.step = step
         props = self.props(step)
         for anns in self.annotations:
-            self._apply(anns, props)
+            doc = anns[0].document
+            apply = partial(self._apply, anns, props)
+            # Panel's own rule for touching models: now when this thread may dispatch the document's
+            # events (dispatching them to the sockets), else on the session's next tick, under its lock.
+            if doc is None or doc.session_context is None or state._unblocked(doc):
+                with unlocked():
+                    apply()
+            else:
+                doc.add_next_tick_callback(apply)
         if panes:
             push_notebook(*panes)

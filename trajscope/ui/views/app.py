@@ -13,6 +13,7 @@ In Jupyter, displaying a ``TrajScope`` loads the Panel extension first, so no
 from __future__ import annotations
 
 import os
+import pathlib
 
 import panel as pn
 import param
@@ -97,7 +98,8 @@ class TrajScope(StateView):
     def template(self) -> pn.template.FastListTemplate:
         """The app as a page (what ``panel serve apps/trajscope.py`` shows)."""
         tpl = pn.template.FastListTemplate(title=TITLE, sidebar=[self.sidebar()], main=[self.main()],
-                                           sidebar_width=360, accent="#1f77b4", theme_toggle=False)
+                                           sidebar_width=380, accent="#1f77b4", theme_toggle=False)
+        tpl._trajscope = self  # the session's app, for tests and scripts that serve the page
         pn.state.onload(self._autostart)
         return tpl
 
@@ -109,3 +111,20 @@ class TrajScope(StateView):
     def _repr_mimebundle_(self, include=None, exclude=None):
         ensure_extension()
         return super()._repr_mimebundle_(include, exclude)
+
+
+def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample", **params) -> pn.template.FastListTemplate:
+    """The page ``panel serve apps/trajscope.py`` shows, for one session.
+
+    Opens ``run_dir`` when it holds a run (default: ``sample_data/runs/demo``); without one, the
+    page captures a short run of the demo prompt as soon as it is shown.
+    """
+    from trajscope.model import sample_data_dir
+
+    run_dir = pathlib.Path(run_dir) if run_dir else sample_data_dir() / "runs" / "demo"
+    has_run = (run_dir / "meta.json").exists()
+    settings = {"max_new_tokens": 64 if has_run else 24, "autostart": not has_run, **params}
+    app = TrajScope(model=model, trajectory=run_dir if has_run else None, **settings)
+    if has_run:
+        app.state.run_path = str(run_dir)
+    return app.template()

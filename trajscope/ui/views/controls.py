@@ -103,8 +103,8 @@ class Controls(StateView):
         keep = pn.widgets.TextInput.from_param(st.param.keep_attention, name="Keep full attention rows of layers",
                                                description="'all', 'none' or indices like '0,3'. Other layers show "
                                                "their top-8 keys only.")
-        gen = pn.widgets.Button(name="Generate", button_type="primary", width=130, css_classes=["ts-generate"])
-        stop = pn.widgets.Button(name="Stop", button_type="danger", width=90, disabled=True, css_classes=["ts-stop"])
+        gen = pn.widgets.Button(label="Generate", color="primary", width=130, css_classes=["ts-generate"])
+        stop = pn.widgets.Button(label="Stop", color="danger", width=90, disabled=True, css_classes=["ts-stop"])
         gen.on_click(self.generate)
         stop.on_click(self.stop)
 
@@ -121,7 +121,7 @@ class Controls(StateView):
                               css_classes=["ts-error"], sizing_mode="stretch_width")
         path = pn.widgets.TextInput.from_param(st.param.run_path, name="Open a saved run directory",
                                                placeholder="e.g. sample_data/runs/demo")
-        open_btn = pn.widgets.Button(name="Open run", width=110, css_classes=["ts-open"])
+        open_btn = pn.widgets.Button(label="Open run", width=110, css_classes=["ts-open"])
         open_btn.on_click(self.open_run)
         return pn.Column(
             "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep,

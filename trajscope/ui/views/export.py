@@ -38,7 +38,7 @@ class ExportView(StateView):
         table = pn.widgets.Select.from_param(self.param.table, name="Table", width=130)
         fmt = pn.widgets.RadioButtonGroup.from_param(self.param.fmt, name="Format", width=150)
         down = pn.widgets.FileDownload(callback=self._table, filename=self._filename(), label="Download table",
-                                       button_type="primary", width=280, css_classes=["ts-download-table"])
+                                       color="primary", width=280, css_classes=["ts-download-table"])
         zipd = pn.widgets.FileDownload(callback=self._zip, filename="run.zip", label="Download run (zip)", width=280,
                                        css_classes=["ts-download-zip"])
 

@@ -15,9 +15,12 @@ from trajscope.ui.state import AppState
 
 
 class ArrowKeys(JSComponent):
-    """Invisible component: ← calls ``state.prev()``, → calls ``state.next()``."""
+    """Invisible component: ← calls ``state.prev()``, → calls ``state.next()``.
 
-    state = param.ClassSelector(class_=AppState, doc="The app state whose step the keys move.")
+    The state is a plain attribute, not a parameter: every parameter of a JSComponent is
+    synchronised with the browser, and the state (with its run) must stay on the server.
+    """
+
     presses = param.Integer(default=0, doc="Arrow-key presses handled so far (for tests and diagnostics).")
 
     _esm = """
@@ -41,9 +44,11 @@ class ArrowKeys(JSComponent):
     }
     """
 
+    def __init__(self, state: AppState, **params):
+        super().__init__(**params)
+        self.state = state
+
     def _handle_msg(self, msg) -> None:
-        if self.state is None:
-            return
         if msg == "ArrowRight":
             self.state.next()
         elif msg == "ArrowLeft":

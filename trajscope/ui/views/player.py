@@ -40,8 +40,8 @@ class StepPlayer(StateView):
                                               show_loop_controls=False, show_value=False, width=360, height=70,
                                               scale_buttons=0.8,
                                               visible_buttons=["first", "previous", "pause", "play", "next", "last"])
-        prev = pn.widgets.Button(name="◀ Prev", width=80, description="Previous step (← key)")
-        nxt = pn.widgets.Button(name="Next ▶", width=80, description="Next step (→ key)", button_type="primary")
+        prev = pn.widgets.Button(label="◀ Prev", width=80, description="Previous step (← key)")
+        nxt = pn.widgets.Button(label="Next ▶", width=80, description="Next step (→ key)", color="primary")
         prev.on_click(lambda e: st.prev())
         nxt.on_click(lambda e: st.next())
         jump = pn.widgets.IntInput.from_param(st.param.step, name="Jump to step", width=110)

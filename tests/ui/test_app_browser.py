@@ -1,0 +1,130 @@
+"""The served app in headless Chromium (Playwright): render, Generate/stream, step keys, download.
+
+Each test serves :func:`trajscope.ui.views.app.default_page` (what ``panel serve
+apps/trajscope.py`` shows) in-process, so the test can also look at the
+session's server-side state.
+"""
+
+from __future__ import annotations
+
+import time
+
+import panel as pn
+import polars as pl
+import pytest
+
+from trajscope.ui.views.app import TrajScope, default_page
+
+pytestmark = pytest.mark.ui
+pw = pytest.importorskip("playwright.sync_api")
+from panel.tests.util import serve_component, wait_until  # noqa: E402
+
+# the first plot render can take a while on a loaded 2-core machine
+TIMEOUT = 60_000
+
+
+@pytest.fixture(autouse=True)
+def _servers():
+    yield
+    pn.state.kill_all_servers()
+
+
+def serve(page, **kwargs) -> list[TrajScope]:
+    """Serve a fresh page per session; returns the list that collects each session's TrajScope."""
+    apps: list[TrajScope] = []
+
+    def make():
+        tpl = default_page(**kwargs)
+        apps.append(tpl._trajscope)
+        return tpl
+
+    serve_component(page, make)
+    return apps
+
+
+def text(page, css: str) -> str:
+    """Text of the element with class ``css`` (Panel panes render inside a shadow root)."""
+    return page.locator(css).first.evaluate("el => (el.shadowRoot || el).textContent", timeout=TIMEOUT)
+
+
+def readout(page) -> str:
+    return text(page, ".ts-step-readout")
+
+
+def test_served_app_renders_plots(page, short_run_dir):
+    apps = serve(page, run_dir=short_run_dir)
+    page.locator(".ts-token-strip").wait_for(timeout=TIMEOUT)
+    wait_until(lambda: page.locator("canvas").count() >= 5, page, timeout=TIMEOUT)
+    assert "Step 0 / 11" in readout(page)
+    assert "does decode still look like prefill" in page.content()
+    assert apps[0].state.trajectory is not None
+    # each plot is a Bokeh figure with a title that says what it shows
+    titles = page.evaluate("""() => Bokeh.documents.flatMap(d => [...d.all_models])
+        .filter(m => m.type === 'Figure' || m.constructor.name === 'Figure').map(m => m.title && m.title.text)""")
+    assert any("Attention weights" in (t or "") for t in titles)
+    assert any("telemetry" in (t or "") for t in titles)
+
+
+def test_generate_streams_and_counter_advances(page):
+    apps = serve(page, run_dir="/nonexistent", autostart=False, max_new_tokens=16)
+    app = apps[0]
+    seen_server = []
+    app.state.param.watch(lambda e: seen_server.append(e.new), "progress")
+    page.locator(".ts-generate button").click()
+    seen, t0 = set(), time.time()
+    while time.time() - t0 < 120:
+        txt = text(page, ".ts-status")
+        if "Generating: step" in txt:
+            seen.add(txt)
+        if "Done" in txt:
+            break
+        time.sleep(0.02)
+    assert "Done" in text(page, ".ts-status")
+    assert seen_server == sorted(set(seen_server)) and seen_server[-1] == 16 and len(seen_server) >= 8
+    assert len(seen) >= 2, f"the page showed too few intermediate steps: {seen}"
+    wait_until(lambda: "Step 15 / 15" in readout(page), page, timeout=TIMEOUT)
+    assert page.locator("canvas").count() >= 5
+    # bad input shows a readable message and the app stays usable
+    page.locator(".ts-prompt textarea").fill("")
+    page.locator(".ts-prompt textarea").blur()
+    page.locator(".ts-generate button").click()
+    wait_until(lambda: "prompt is empty" in text(page, ".ts-error"), page, timeout=TIMEOUT)
+
+
+def test_next_button_and_arrow_keys_move_marker(page, short_run_dir):
+    apps = serve(page, run_dir=short_run_dir)
+    app = apps[0]
+    wait_until(lambda: page.locator("canvas").count() >= 5, page, timeout=TIMEOUT)
+    span_id = app.telemetry.cursors["attention"].annotations[0][0].id
+    span_at = lambda: page.evaluate(  # noqa: E731  the cursor's location as the browser holds it
+        f"() => Bokeh.documents.map(d => d.get_model_by_id('{span_id}')).filter(m => m)[0].location")
+    assert span_at() == 0
+    page.get_by_role("button", name="Next ▶").click()
+    wait_until(lambda: "Step 1 / 11" in readout(page), page, timeout=TIMEOUT)
+    wait_until(lambda: span_at() == 1, page, timeout=TIMEOUT)
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")  # keys go to the page
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    wait_until(lambda: "Step 3 / 11" in readout(page), page, timeout=TIMEOUT)
+    wait_until(lambda: span_at() == 3, page, timeout=TIMEOUT)
+    page.keyboard.press("ArrowLeft")
+    wait_until(lambda: app.state.step == 2 and span_at() == 2, page, timeout=TIMEOUT)
+    # typing in a text field does not move the step
+    page.locator(".ts-prompt textarea").press("ArrowLeft")
+    time.sleep(0.3)
+    assert app.state.step == 2
+
+
+def test_parquet_download_reads_back(page, short_run_dir, tmp_path, short_run):
+    serve(page, run_dir=short_run_dir)
+    button = page.locator(".ts-download-table")
+    button.wait_for(timeout=TIMEOUT)
+    with page.expect_download(timeout=TIMEOUT) as info:
+        button.locator("button, a").first.click()
+    path = tmp_path / info.value.suggested_filename
+    info.value.save_as(path)
+    assert path.name.endswith("-tokens.parquet")
+    df = pl.read_parquet(path)
+    assert df.height == short_run.tokens.height == short_run.prompt_len + 12
+    assert df["pos"].to_list() == list(range(df.height))
+    assert (df["phase"] == "decode").sum() == 12

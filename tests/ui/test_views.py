@@ -1,0 +1,211 @@
+"""Views without a browser: render the app into a Bokeh document and drive it through the state."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+import zipfile
+
+import polars as pl
+import pytest
+from bokeh.document import Document
+
+import trajscope as ts
+from trajscope.ui import runner
+from trajscope.ui.export import csv_ready, run_zip_bytes, table_bytes
+from trajscope.ui.views.app import TrajScope
+
+
+def render(app: TrajScope) -> Document:
+    doc = Document()
+    app.__panel__().get_root(doc)
+    return doc
+
+
+def wait_job(job, timeout=120):
+    job.thread.join(timeout)
+    assert not job.thread.is_alive(), "generation did not finish"
+
+
+def test_step_change_moves_every_cursor(short_run):
+    app = TrajScope(trajectory=short_run)
+    render(app)
+    tok = app.tokens.cursor.annotations[0][0]
+    span = app.telemetry.cursors["attention"].annotations[0][0]
+    row = app.attention.row_cursor.annotations[0][0]
+    top_before = app.attention.top_keys(app.state.step, 0, 0, -1)
+    assert (span.location, row.bottom, row.top) == (0, -0.5, short_run.prompt_len - 0.5)
+    left0 = tok.left
+    app.state.step = 5
+    assert span.location == 5
+    assert row.bottom == short_run.prompt_len + 4 - 0.5
+    assert tok.left != left0
+    assert app.attention.top_keys(5, 0, 0, -1) != top_before
+    app.state.next()
+    assert span.location == 6 and app.telemetry.cursors["tokens"].annotations[0][0].location == 6
+
+
+def test_token_click_and_grid_click(short_run):
+    app = TrajScope(trajectory=short_run)
+    render(app)
+    lay = app.tokens.layout_df
+    P = short_run.prompt_len
+    r = lay.filter(pl.col("pos") == P + 3).row(0, named=True)
+    app.tokens._on_tap(x=r["xc"], y=r["yc"])
+    assert app.state.step == 4
+    app.attention._on_grid_tap(x=2.1, y=3.2)
+    assert (app.state.layer, app.state.head) == (3, 2)
+
+
+def test_layer_without_full_rows_falls_back_to_top_keys(short_run):
+    app = TrajScope(trajectory=short_run)
+    ov = app.attention.heatmap(1, 4, -1)  # layer 4's rows were not kept
+    assert "top-8 keys only" in ov.opts.get().kwargs["title"]
+    ov0 = app.attention.heatmap(1, 0, -1)
+    assert "top-8" not in ov0.opts.get().kwargs["title"]
+
+
+def test_generate_streams_then_finishes(sample_model):
+    app = TrajScope(max_new_tokens=6, keep_attention="0")
+    seen = []
+    app.state.param.watch(lambda e: seen.append(e.new), "progress")
+    job = app.controls.generate(dispatch=lambda fn: fn())
+    assert app.state.busy
+    wait_job(job)
+    assert seen[:6] == [1, 2, 3, 4, 5, 6]
+    st = app.state
+    assert not st.busy and st.trajectory is not None and st.trajectory.n_steps == 6
+    assert st.step == 5 and "Done" in st.status
+    assert st.trajectory.meta["attention_layers"] == [0]
+    assert len(st.live_text) > 0
+
+
+def test_stop_keeps_captured_steps(sample_model):
+    app = TrajScope(max_new_tokens=300)
+    first = threading.Event()
+    app.state.param.watch(lambda e: first.set(), "progress")
+    job = app.controls.generate(dispatch=lambda fn: fn())
+    assert first.wait(120)
+    app.controls.stop()
+    wait_job(job)
+    traj = app.state.trajectory
+    assert traj.meta["stop_reason"] == "cancelled" and 1 <= traj.n_steps < 300
+
+
+def test_bad_input_is_reported_and_app_stays_usable(sample_model, tmp_path, fresh_models):
+    runner._MODELS[("sample", False, None)] = sample_model
+    app = TrajScope(max_new_tokens=3)
+    st = app.state
+    errors = []
+    st.param.watch(lambda e: errors.append(e.new) if e.new else None, "error")
+    st.prompt = "  "
+    assert app.controls.generate(dispatch=lambda fn: fn()) is None
+    assert "prompt is empty" in st.error and not st.busy
+    st.prompt = "def f(x):"
+    st.model_source = "no-such-model-xyz"
+    wait_job(app.controls.generate(dispatch=lambda fn: fn()))
+    assert "Unknown model 'no-such-model-xyz'" in st.error and not st.busy
+    st.param.update(model_source="some/remote-model", remote=True)
+    env = os.environ.pop("NDIF_API_KEY", None)
+    try:
+        wait_job(app.controls.generate(dispatch=lambda fn: fn()))
+    finally:
+        if env is not None:
+            os.environ["NDIF_API_KEY"] = env
+    assert "API key" in st.error
+    st.run_path = str(tmp_path / "missing")
+    app.controls.open_run()
+    assert "No run directory" in st.error
+    st.run_path = ""
+    app.controls.open_run()
+    assert "path of a run directory" in st.error
+    assert len(errors) == 5
+    # still usable: a good generation after all that
+    st.param.update(model_source="sample", remote=False, error="")
+    wait_job(app.controls.generate(dispatch=lambda fn: fn()))
+    assert st.error == "" and st.trajectory.n_steps == 3
+
+
+def test_api_key_never_leaves_memory(sample_model, fresh_models, monkeypatch):
+    monkeypatch.delenv("NDIF_API_KEY", raising=False)
+    secret = "ndif-SECRET-key-0123456789"
+    seen_env = {}
+
+    def loader(source, remote=False):
+        seen_env["key"] = os.environ.get("NDIF_API_KEY")
+        if source == "bad":
+            raise ts.TrajscopeError(f"Cannot reach NDIF with key {secret}.")
+        return sample_model
+
+    app = TrajScope(max_new_tokens=3)
+    app.state.param.update(model_source="bad", remote=True, ndif_api_key=secret)
+    wait_job(app.controls.generate(dispatch=lambda fn: fn(), loader=loader))
+    assert secret not in app.state.error and "***" in app.state.error
+    app.state.model_source = "good"
+    wait_job(app.controls.generate(dispatch=lambda fn: fn(), loader=loader))
+    assert seen_env["key"] == secret and "NDIF_API_KEY" not in os.environ
+    traj = app.state.trajectory
+    assert secret not in json.dumps(traj.meta, default=str)
+    for table in ("tokens", "attention", "activations"):
+        for fmt in ("parquet", "csv"):
+            assert secret.encode() not in table_bytes(traj, table, fmt)
+    assert secret.encode() not in run_zip_bytes(traj)
+    assert all(secret not in k for key in runner._MODELS for k in map(str, key))
+
+
+def test_sessions_have_their_own_state_and_share_the_model(sample_model, fresh_models):
+    a, b = TrajScope(max_new_tokens=2), TrajScope(max_new_tokens=3)
+    assert a.state is not b.state
+    wait_job(a.controls.generate(dispatch=lambda fn: fn()))
+    wait_job(b.controls.generate(dispatch=lambda fn: fn()))
+    assert (a.state.trajectory.n_steps, b.state.trajectory.n_steps) == (2, 3)
+    assert len(runner._MODELS) == 1
+    a.state.step = 1
+    assert b.state.step == 2
+
+
+def test_concurrent_generations_take_turns(sample_model, fresh_models):
+    runner._MODELS[("sample", False, None)] = sample_model
+    apps = [TrajScope(max_new_tokens=4, prompt=p) for p in ("import os\n", "class A:\n")]
+    jobs = [a.controls.generate(dispatch=lambda fn: fn()) for a in apps]
+    for j in jobs:
+        wait_job(j)
+    solo = ts.capture(sample_model, "class A:\n", max_new_tokens=4)
+    assert apps[1].state.trajectory.token_ids == solo.token_ids
+
+
+def test_exports_read_back(short_run, tmp_path):
+    for table in ("tokens", "attention", "activations"):
+        df = getattr(short_run, table)
+        back = pl.read_parquet(io.BytesIO(table_bytes(short_run, table, "parquet")))
+        assert back.equals(df)
+        csv = pl.read_csv(io.BytesIO(table_bytes(short_run, table, "csv")))
+        assert csv.shape == df.shape and csv.columns == df.columns
+    csv_tok = pl.read_csv(io.BytesIO(table_bytes(short_run, "tokens", "csv")))
+    assert json.loads(csv_tok["top_texts"][0]) == short_run.tokens["top_texts"][0].to_list()
+    assert csv_ready(short_run.tokens)["top_ids"].dtype == pl.String
+    with pytest.raises(ts.TrajscopeError):
+        table_bytes(short_run, "nope", "csv")
+    z = zipfile.ZipFile(io.BytesIO(run_zip_bytes(short_run)))
+    z.extractall(tmp_path)
+    back = ts.Trajectory.load(tmp_path / short_run.run_id)
+    assert back.tokens.equals(short_run.tokens)
+    assert back.attention_rows(1).shape == short_run.attention_rows(1).shape
+
+
+def test_open_run_directory(short_run_dir):
+    app = TrajScope()
+    app.state.run_path = str(short_run_dir)
+    app.controls.open_run()
+    assert app.state.trajectory is not None and app.state.error == ""
+    assert app.state.trajectory.run_id == ts.Trajectory.load(short_run_dir).run_id
+
+
+def test_export_view_downloads(short_run):
+    app = TrajScope(trajectory=short_run)
+    app.export.param.update(table="attention", fmt="parquet")
+    data = app.export._table().getvalue()
+    assert pl.read_parquet(io.BytesIO(data)).height == short_run.attention.height
+    assert app.export._filename() == f"{short_run.run_id}-attention.parquet"
