@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import trajscope as ts
-from trajscope.capture import forced_forward
+from trajscope.forward import forced_forward
 from trajscope.metrics.steering import decay_summary, kl_divergence, step_effects
 from trajscope.steering import SteeringVector
 from trajscope.sweep import steering_sweep

@@ -168,7 +168,7 @@ class SteeringVector:
             pairs: ``(positive_text, negative_text)`` prompts.
             layer: block whose output is read (and later steered).
         """
-        from trajscope.capture import last_token_residuals
+        from trajscope.forward import last_token_residuals
 
         if not pairs:
             raise TrajscopeError("CAA needs at least one contrast pair.")

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 import polars as pl
 
-from trajscope.capture import capture, forced_forward
+from trajscope.capture import capture
+from trajscope.forward import forced_forward
 from trajscope.errors import TrajscopeError
 from trajscope.metrics.steering import decay_summary, step_effects
 from trajscope.model import ModelHandle
