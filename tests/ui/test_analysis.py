@@ -1,0 +1,115 @@
+"""Drift and Steering views: their settings objects, pure plots, and a steering job on a tiny model."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import polars as pl
+import pytest
+
+import trajscope as ts
+from trajscope.profile import build_profile
+from trajscope.ui import analysis_plots as ap
+from trajscope.ui.analysis_state import DriftSettings, parse_depths
+from trajscope.ui.state import AppState
+from trajscope.ui.views.analysis import DriftView, SteeringView
+
+PROMPTS = [f"def f{i}(x):\n    return x + {i}" for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_models):
+    return tiny_models["llama"]
+
+
+@pytest.fixture(scope="module")
+def profile_path(llama, tmp_path_factory):
+    return build_profile(llama, PROMPTS, fpr=0.05, progress=False).save(tmp_path_factory.mktemp("p") / "p.safetensors")
+
+
+def test_parse_depths():
+    assert parse_depths("1, 10,50,200", 60) == [1, 10, 50]
+    with pytest.raises(ts.TrajscopeError, match="No depth"):
+        parse_depths("100", 20)
+    with pytest.raises(ts.TrajscopeError, match="comma-separated"):
+        parse_depths("a", 20)
+
+
+def test_drift_settings_compute_and_explain(llama, profile_path):
+    traj = ts.capture(llama, "import os\n", max_new_tokens=6, stop_at_eos=False, residual_layers="all")
+    ds = DriftSettings(profile_path=str(profile_path))
+    ds.compute(traj)
+    assert ds.drift is not None and ds.drift.height == 2 * (len(traj.token_ids) - 1)
+    assert set(ds.thresholds) == {0, 1} and ds.fpr == 0.05
+    ds.compute(ts.capture(llama, "import os\n", max_new_tokens=2))
+    assert ds.drift is None and "layers to keep" in ds.message
+    ds.profile_path = "/nope.safetensors"
+    ds.compute(traj)
+    assert "No profile at" in ds.message
+
+
+def test_drift_plots_carry_the_scores(llama, profile_path):
+    traj = ts.capture(llama, "import os\n", max_new_tokens=6, stop_at_eos=False, residual_layers="all")
+    view = DriftView(state=AppState(), settings=DriftSettings(profile_path=str(profile_path)))
+    view.state.set_trajectory(traj, step=0)
+    drift = view.settings.drift
+    hm = ap.drift_heatmap(drift, traj.prompt_len)
+    heat = hm.get(0)
+    np.testing.assert_allclose(np.sort(heat.dimension_values("score")), np.sort(drift["score"].to_numpy()))
+    curves = ap.drift_curves(drift, view.settings.thresholds, traj.prompt_len)
+    hlines = [el for el in curves if el.__class__.__name__ == "HLine"]
+    assert sorted(h.data for h in hlines) == sorted(view.settings.thresholds.values())
+
+
+def test_aligned_continuations_marks_first_divergence():
+    base = pl.DataFrame({"pos": list(range(6)), "text": ["a", "b", "c", "d", "e", "f"]})
+    steered = pl.DataFrame({"pos": list(range(6)), "text": ["a", "b", "c", "d", "X", "Y"]})
+    out = ap.aligned_continuations(base, steered, prompt_len=2, start_step=1)
+    rows = out.split("<tr")[2:]
+    assert "first divergence" in rows[2] and "first divergence" not in "".join(rows[:2] + rows[3:])
+    assert "steering on" in rows[1]
+
+
+def test_effect_and_decay_plots():
+    steps = pl.DataFrame({"run_id": ["a"] * 6, "start_step": [1, 1, 1, 2, 2, 2], "strength": [2.0] * 6,
+                          "step": [0, 1, 2, 0, 1, 2], "kl_to_base": [0.0, 0.5, 0.25, 0.0, 0.0, 0.4],
+                          "token_changed": [False, True, True, False, False, True]})
+    from trajscope.metrics.steering import decay_summary
+
+    curves = ap.effect_curves(steps)
+    first = [el for el in curves if el.__class__.__name__ == "Curve"][0]
+    assert first.dimension_values(1).tolist()[1:] == [0.5, 0.25]
+    dec = ap.decay_plot(decay_summary(steps, window=2))
+    pts = [el for el in dec if el.__class__.__name__ == "Scatter"][0]
+    assert pts.dimension_values(0).tolist() == [1, 2]
+    assert pts.dimension_values(1).tolist() == pytest.approx([0.375, 0.4])
+
+
+def test_steering_view_runs_off_the_event_loop(llama, tmp_path):
+    import json
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps({"positive": f"x{i} = \"", "negative": f"x{i} = '"}) for i in range(4)))
+    state = AppState()
+    state.set_trajectory(ts.capture(llama, "def f(x):", max_new_tokens=8, stop_at_eos=False), step=0)
+    view = SteeringView(state=state, model_loader=lambda source: llama)
+    view.settings.param.update(pairs_path=str(pairs), layer=1, strength=30.0, start_step=3, depths="1,3,20")
+    view.steer()
+    deadline = time.time() + 60
+    while view.settings.busy and time.time() < deadline:
+        time.sleep(0.05)
+    assert view.settings.steered is not None, view.settings.status
+    P = view.settings.base.prompt_len
+    assert view.settings.steered.token_ids[: P + 3] == view.settings.base.token_ids[: P + 3]
+    view.sweep()
+    deadline = time.time() + 60
+    while view.settings.busy and time.time() < deadline:
+        time.sleep(0.05)
+    assert view.settings.sweep_summary["start_step"].to_list() == [1, 3], view.settings.status
+    view.settings.pairs_path = str(tmp_path / "missing.jsonl")
+    view._vectors.clear()
+    view.steer()
+    while view.settings.busy:
+        time.sleep(0.05)
+    assert "No contrast-pair file" in view.settings.status

@@ -1,0 +1,142 @@
+"""Plot builders for the Drift and Steering views: Polars in, HoloViews (or HTML text) out. Pure.
+
+Drift: a layer × position heatmap of the drift score (diagonal Mahalanobis
+distance to the prefill profile ÷ √d; ≈ 1 in distribution) with the
+prefill/decode boundary, and per-layer curves with each layer's calibrated
+threshold.
+
+Steering: base and steered continuations aligned by step with the first
+divergence marked; KL(p_base ‖ p_steered) by decode step for several start
+depths; and the decay plot, effect size against start depth with its spread
+across prompts.
+"""
+
+from __future__ import annotations
+
+import html
+
+import holoviews as hv
+import numpy as np
+import polars as pl
+
+from trajscope.ui.plots import CURSOR_COLOR, visible
+
+LAYER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                "#bcbd22", "#17becf")
+
+
+def drift_heatmap(drift: pl.DataFrame, prompt_len: int) -> hv.Overlay:
+    """Layer × position heatmap of the drift score.
+
+    Args:
+        drift: :func:`trajscope.metrics.residual_drift.drift_table` rows (pos, layer, score).
+        prompt_len: P (a dashed line marks where decode starts).
+    """
+    hm = hv.HeatMap(drift.select(pl.col("pos"), pl.col("layer").cast(pl.Int32), "score").to_pandas(),
+                    kdims=["pos", "layer"], vdims=["score"]).opts(
+        cmap="viridis", colorbar=True, tools=["hover"], responsive=True, height=230, clim=(0, None),
+        xlabel="position (prompt | generated)", ylabel="layer", invert_yaxis=True,
+        title="Residual drift vs prefill profile (diag. Mahalanobis / √d; ≈1 in distribution)",
+        colorbar_opts={"title": "score"})
+    edge = hv.VLine(prompt_len - 0.5).opts(color="white", line_dash="dashed", line_width=2)
+    return hm * edge
+
+
+def drift_curves(drift: pl.DataFrame, thresholds: dict[int, float], prompt_len: int) -> hv.Overlay:
+    """Drift score over positions, one curve per layer, with each layer's calibrated threshold (dotted).
+
+    Args:
+        drift: rows (pos, layer, score).
+        thresholds: ``{layer: threshold}`` from the profile.
+        prompt_len: P.
+    """
+    items = []
+    for i, layer in enumerate(sorted(drift["layer"].unique().to_list())):
+        color = LAYER_COLORS[i % len(LAYER_COLORS)]
+        sub = drift.filter(pl.col("layer") == layer).sort("pos")
+        items.append(hv.Curve((sub["pos"].to_numpy(), sub["score"].to_numpy()), "pos", "score",
+                              label=f"layer {layer}").opts(color=color, line_width=1.5, tools=["hover"]))
+        if layer in thresholds:
+            items.append(hv.HLine(float(thresholds[layer])).opts(color=color, line_dash="dotted", line_width=1))
+    items.append(hv.VLine(prompt_len - 0.5).opts(color="#6c757d", line_dash="dashed"))
+    return hv.Overlay(items).opts(
+        responsive=True, height=260, legend_position="right", xlabel="position", ylabel="drift score",
+        title="Drift by layer; dotted = threshold calibrated on held-out prefill (per layer)")
+
+
+def aligned_continuations(base: pl.DataFrame, steered: pl.DataFrame, prompt_len: int, start_step: int) -> str:
+    """HTML: base and steered generated tokens side by side, one row per step, divergence marked.
+
+    Args:
+        base, steered: ``tokens`` tables of the two runs.
+        prompt_len: P (the same for both runs).
+        start_step: first steered step; the token produced by step s sits at ``pos = P + s``.
+    Returns:
+        An HTML table (escaped token texts).
+    """
+    b = dict(zip(base["pos"].to_list(), base["text"].to_list()))
+    s = dict(zip(steered["pos"].to_list(), steered["text"].to_list()))
+    last = max(max(b), max(s))
+    diverged = False
+    rows = []
+    for pos in range(prompt_len, last + 1):
+        step = pos - prompt_len
+        bt, st = b.get(pos), s.get(pos)
+        differs = bt != st
+        first = differs and not diverged
+        diverged = diverged or differs
+        style = "background:#fde2e2;" if differs else ""
+        mark = " ◀ first divergence" if first else (" ◀ steering on" if step == start_step else "")
+        rows.append(f"<tr style='{style}'><td>{step}</td><td><code>{html.escape(visible(bt))}</code></td>"
+                    f"<td><code>{html.escape(visible(st))}</code></td><td>{mark}</td></tr>")
+    head = ("<tr><th>step producing it</th><th>base</th><th>steered</th><th></th></tr>")
+    return ("<div style='max-height:320px;overflow:auto'><table style='font-size:12px;border-collapse:collapse'>"
+            + head + "".join(rows) + "</table></div>")
+
+
+def effect_curves(steps: pl.DataFrame, strength: float | None = None) -> hv.Overlay:
+    """KL(p_base ‖ p_steered) by decode step, one curve per start depth (mean over prompts/seeds).
+
+    Args:
+        steps: the sweep's ``steps`` table (start_step, strength, step, kl_to_base).
+        strength: which strength to show (default: the largest).
+    """
+    strength = strength if strength is not None else float(steps["strength"].max())
+    sub = steps.filter(pl.col("strength") == strength)
+    curves = []
+    for i, k in enumerate(sorted(sub["start_step"].unique().to_list())):
+        m = sub.filter(pl.col("start_step") == k).group_by("step").agg(pl.col("kl_to_base").mean()).sort("step")
+        color = LAYER_COLORS[i % len(LAYER_COLORS)]
+        curves.append(hv.Curve((m["step"].to_numpy(), np.maximum(m["kl_to_base"].to_numpy(), 1e-6)), "step",
+                               "KL", label=f"start at step {k}").opts(color=color, tools=["hover"]))
+        curves.append(hv.VLine(k).opts(color=color, line_dash="dotted"))
+    return hv.Overlay(curves).opts(
+        responsive=True, height=260, logy=True, legend_position="right", xlabel="decode step",
+        ylabel="KL(p_base ‖ p_steered) (nats)",
+        title=f"Steering effect by step, strength {strength:g} (teacher-forced on the base tokens)")
+
+
+def decay_plot(summary: pl.DataFrame) -> hv.Overlay:
+    """Effect size (mean KL over the first steered steps) against start depth, ± spread across runs.
+
+    Args:
+        summary: :func:`trajscope.metrics.steering.decay_summary` output.
+    """
+    items = []
+    for i, strength in enumerate(sorted(summary["strength"].unique().to_list())):
+        sub = summary.filter(pl.col("strength") == strength).sort("start_step")
+        x, y = sub["start_step"].to_numpy(), sub["effect_mean"].to_numpy()
+        err = np.nan_to_num(sub["effect_std"].to_numpy())
+        color = LAYER_COLORS[i % len(LAYER_COLORS)]
+        items.append(hv.Curve((x, y), "start step", "effect", label=f"strength {strength:g}").opts(color=color))
+        items.append(hv.Scatter((x, y), "start step", "effect").opts(color=color, size=8, tools=["hover"]))
+        items.append(hv.ErrorBars((x, y, err), "start step", ["effect", "spread"]).opts(color=color))
+    return hv.Overlay(items).opts(
+        responsive=True, height=260, logx=True, legend_position="right", xlabel="steering starts at decode step k",
+        ylabel="mean KL over first steered steps (nats)", title="Decay: effect vs start depth (± s.d. across prompts)")
+
+
+def no_data(message: str) -> hv.Text:
+    """A placeholder element that says why a plot is empty."""
+    return hv.Text(0.5, 0.5, message).opts(xaxis=None, yaxis=None, height=120, responsive=True, color=CURSOR_COLOR,
+                                           toolbar=None)

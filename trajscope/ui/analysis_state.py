@@ -1,0 +1,90 @@
+"""Settings and results of the Drift and Steering views, as ``param`` objects (no Panel here).
+
+:class:`DriftSettings` names the prefill profile that drift is measured against
+(by default the one shipped for the sample model) and holds the drift table of
+the run on screen. :class:`SteeringSettings` holds the steering vector settings
+(CAA contrast pairs, layer, strength, start step, mode) and the results of the
+last steered run and depth sweep. Both are computed from the app's current
+trajectory; the views run the work off the event loop.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import param
+import polars as pl
+
+from trajscope.errors import TrajscopeError
+from trajscope.model import sample_data_dir
+from trajscope.trajectory import Trajectory
+
+SAMPLE_PROFILE = sample_data_dir() / "profiles" / "trajscope-tiny.safetensors"
+SAMPLE_PAIRS = sample_data_dir() / "prompts" / "quotes_pairs.jsonl"
+
+
+def parse_depths(text: str, max_new_tokens: int) -> list[int]:
+    """Start depths from ``"1,10,50,200"``, keeping those that fit a run of ``max_new_tokens`` steps."""
+    try:
+        depths = sorted({int(t) for t in text.replace(" ", ",").split(",") if t})
+    except ValueError:
+        raise TrajscopeError(f"Depths must be comma-separated steps like '1,10,50', not '{text}'.") from None
+    kept = [d for d in depths if 1 <= d < max_new_tokens]
+    if not kept:
+        raise TrajscopeError(f"No depth in '{text}' fits a run of {max_new_tokens} steps (each must be 1..{max_new_tokens - 1}).")
+    return kept
+
+
+class DriftSettings(param.Parameterized):
+    """Which profile drift is measured against, and the drift of the current run."""
+
+    profile_path = param.String(default=str(SAMPLE_PROFILE), doc="Prefill reference profile (.safetensors) built with `trajscope profile`.")
+    drift = param.ClassSelector(class_=pl.DataFrame, allow_None=True, doc="drift_table of the run on screen (None when it cannot be computed).")
+    message = param.String(default="", doc="Why drift is not shown, when it is not.")
+    thresholds = param.Dict(default={}, doc="Calibrated drift threshold per layer, from the profile.")
+    fpr = param.Number(default=None, allow_None=True, doc="False-positive rate the thresholds were calibrated to.")
+
+    def compute(self, traj: Trajectory | None) -> None:
+        """Fill ``drift`` (or ``message``) for ``traj``."""
+        from trajscope.metrics.residual_drift import drift_table
+        from trajscope.profile import ReferenceProfile
+
+        self.drift, self.message = None, ""
+        if traj is None:
+            self.message = "No run yet."
+            return
+        n_layers = traj.meta["model"]["n_layers"]
+        kept = {int(k.split(".")[1]) for k in traj.tensors if k.startswith("residual.")}
+        if not kept:
+            self.message = ("Drift needs the residuals of the run: set 'layers to keep' to all (or some layers) "
+                            "and generate again.")
+            return
+        if not pathlib.Path(self.profile_path).is_file():
+            self.message = (f"No profile at {self.profile_path}; build one with "
+                            "`trajscope profile --prompts FILE --model M --out PROFILE`.")
+            return
+        try:
+            prof = ReferenceProfile.load(self.profile_path)
+            prof.check_model(n_layers, traj.meta["model"]["d_model"], traj.meta["model"]["model_id"])
+            self.thresholds = {i: float(t) for i, t in enumerate(prof.threshold.tolist())}
+            self.fpr = prof.info.get("fpr")
+            self.drift = drift_table(traj, prof, layers=sorted(kept))
+        except TrajscopeError as exc:
+            self.message = str(exc)
+
+
+class SteeringSettings(param.Parameterized):
+    """A CAA steering vector's settings and the results of steering the current prompt."""
+
+    pairs_path = param.String(default=str(SAMPLE_PAIRS), doc="Contrast pairs (JSON lines: positive, negative) for CAA.")
+    layer = param.Integer(default=3, bounds=(0, None), doc="Block whose output is steered.")
+    strength = param.Number(default=4.0, doc="Multiplier of the CAA direction (add) or target projection (clamp).")
+    start_step = param.Integer(default=1, bounds=(0, None), doc="First steered step (1 = first decode step).")
+    mode = param.Selector(default="add", objects=["add", "clamp"], doc="add: h + s·v; clamp: set the projection on v to s.")
+    depths = param.String(default="1,10,50,200", doc="Start depths of the sweep (those beyond the run are skipped).")
+    busy = param.Boolean(default=False, doc="A steering job is running.")
+    status = param.String(default="", doc="Progress / result line.")
+    base = param.ClassSelector(class_=Trajectory, allow_None=True, doc="The unsteered run (the app's current run).")
+    steered = param.ClassSelector(class_=Trajectory, allow_None=True, doc="The steered run of the same prompt.")
+    sweep_steps = param.ClassSelector(class_=pl.DataFrame, allow_None=True, doc="Sweep steps table (per start depth × step).")
+    sweep_summary = param.ClassSelector(class_=pl.DataFrame, allow_None=True, doc="Sweep decay summary (per start depth).")

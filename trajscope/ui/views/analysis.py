@@ -1,0 +1,204 @@
+"""Drift and Steering views of the app.
+
+:class:`DriftView` shows, for the run on screen, the residual drift score of every
+position and layer against a prefill reference profile (heatmap and per-layer
+curves with calibrated thresholds). The per-dimension Gaussian KL behind the
+batch report is a triage proxy, and the view says so.
+
+:class:`SteeringView` builds a CAA vector from contrast pairs, steers the current
+prompt from a chosen decode step and shows base and steered continuations
+aligned by step; its depth sweep plots the effect by step for several start
+depths and the decay of the effect with depth. Work runs on a worker thread; the
+view stays responsive and a Stop button ends a sweep after the current run.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import panel as pn
+import param
+
+from trajscope.errors import TrajscopeError
+from trajscope.ui import analysis_plots as ap
+from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths
+from trajscope.ui.views._base import StateView, dispatcher
+
+PROXY_NOTE = ("Drift score = diagonal Mahalanobis distance of the residual to the prefill mean, ÷ √d (≈ 1 for "
+              "prefill positions). It treats dimensions independently: a triage signal for where to look, "
+              "not a claim about the joint geometry of the residual stream.")
+
+
+class DriftView(StateView):
+    """Residual drift of the current run against a prefill profile."""
+
+    settings = param.ClassSelector(class_=DriftSettings, doc="Profile choice and the drift table.")
+
+    def __init__(self, **params):
+        params.setdefault("settings", DriftSettings())
+        super().__init__(**params)
+        self.state.param.watch(self._recompute, "revision")
+        self.settings.param.watch(self._recompute, "profile_path")
+        self._recompute()
+
+    def _recompute(self, *_) -> None:
+        self.settings.compute(self.state.trajectory)
+
+    def _plots(self, drift, message):
+        st = self.state
+        if drift is None:
+            return pn.pane.Alert(message or "No drift to show.", alert_type="secondary")
+        P = st.trajectory.prompt_len
+        return pn.Column(
+            pn.pane.HoloViews(ap.drift_heatmap(drift, P), sizing_mode="stretch_width"),
+            pn.pane.HoloViews(ap.drift_curves(drift, self.settings.thresholds, P), sizing_mode="stretch_width"),
+            sizing_mode="stretch_width")
+
+    def __panel__(self):
+        path = pn.widgets.TextInput.from_param(self.settings.param.profile_path, name="Profile", sizing_mode="stretch_width")
+        return pn.Column(pn.pane.Markdown(PROXY_NOTE, styles={"font-size": "12px"}), path,
+                         pn.bind(self._plots, self.settings.param.drift, self.settings.param.message),
+                         sizing_mode="stretch_width")
+
+
+class SteeringView(StateView):
+    """Steer the current prompt from a chosen step; sweep the start depth."""
+
+    settings = param.ClassSelector(class_=SteeringSettings, doc="Vector settings and steering results.")
+    model_loader = param.Callable(default=None, doc="``(source) -> ModelHandle``; default: the app's shared model cache.")
+
+    def __init__(self, **params):
+        params.setdefault("settings", SteeringSettings())
+        super().__init__(**params)
+        self._cancel = threading.Event()
+        self._vectors: dict[tuple, object] = {}
+
+    # -- work (worker thread) -----------------------------------------------------------
+    def _model(self):
+        if self.model_loader is not None:
+            return self.model_loader(self.state.model_source)
+        from trajscope.ui.runner import get_model
+
+        return get_model(self.state.model_source)
+
+    def _vector(self, model):
+        from trajscope.cli_steer import read_pairs
+        from trajscope.steering import SteeringVector
+
+        s = self.settings
+        key = (s.pairs_path, s.layer, model.model_id)
+        if key not in self._vectors:
+            self._vectors[key] = SteeringVector.from_contrast(model, read_pairs(s.pairs_path), s.layer, name="caa")
+        return self._vectors[key].at(start_step=s.start_step, strength=s.strength)
+
+    def _launch(self, work) -> None:
+        s, dispatch = self.settings, dispatcher()
+        if s.busy:
+            return
+        if self.state.trajectory is None:
+            s.status = "Generate or open a run first: steering continues the run's prompt."
+            return
+        s.busy, self._cancel = True, threading.Event()
+
+        def run():
+            try:
+                msg = work(dispatch)
+            except TrajscopeError as exc:
+                msg = str(exc)
+            except Exception as exc:  # the view must stay usable
+                msg = f"Steering failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            dispatch(lambda: self._finish(msg))
+
+        threading.Thread(target=run, name="trajscope-steer", daemon=True).start()
+
+    def _finish(self, msg: str) -> None:
+        self.settings.busy, self.settings.status = False, msg
+
+    def _capture_kwargs(self) -> dict:
+        meta = self.state.trajectory.meta
+        samp = meta["sampling"]
+        return dict(max_new_tokens=samp["max_new_tokens"], temperature=samp["temperature"], seed=samp["seed"],
+                    stop_at_eos=False)
+
+    def steer(self, *_) -> None:
+        """Capture the current prompt with the vector on from ``start_step``."""
+        from trajscope.capture import capture
+
+        base = self.state.trajectory
+
+        def work(dispatch):
+            model = self._model()
+            vec = self._vector(model)
+            kw = self._capture_kwargs()
+            steered = capture(model, base.token_ids[: base.prompt_len], steering=[vec], **kw)
+            ref = capture(model, base.token_ids[: base.prompt_len], **kw)
+            dispatch(lambda: self.settings.param.update(base=ref, steered=steered))
+            return f"Steered layer {vec.layer} from step {vec.start_step} with strength {vec.strength:g}."
+
+        self._launch(work)
+
+    def sweep(self, *_) -> None:
+        """Depth sweep on the current prompt (one base run, one steered run per depth)."""
+        from trajscope.sweep import steering_sweep
+
+        base = self.state.trajectory
+        kw = self._capture_kwargs()
+
+        def work(dispatch):
+            depths = parse_depths(self.settings.depths, kw["max_new_tokens"])
+            model = self._model()
+            vec = self._vector(model)
+            res = steering_sweep(model, [base.token_ids[: base.prompt_len]], vec, depths=depths,
+                                 strengths=[self.settings.strength], max_new_tokens=kw["max_new_tokens"],
+                                 window=10, temperature=kw["temperature"], seeds=[kw["seed"]],
+                                 cancel=self._cancel, progress=False)
+            dispatch(lambda: self.settings.param.update(sweep_steps=res.steps, sweep_summary=res.summary))
+            return "Sweep stopped early; finished depths are shown." if not res.complete else "Sweep finished."
+
+        self._launch(work)
+
+    def stop(self, *_) -> None:
+        self._cancel.set()
+
+    # -- display ------------------------------------------------------------------------
+    def _texts(self, base, steered):
+        if base is None or steered is None:
+            return pn.pane.Markdown("Press **Steer** to compare base and steered continuations of this prompt.")
+        html = ap.aligned_continuations(base.tokens, steered.tokens, base.prompt_len, self.settings.start_step)
+        return pn.pane.HTML(html, sizing_mode="stretch_width")
+
+    def _sweep_plots(self, steps, summary):
+        if steps is None:
+            return pn.pane.Markdown("Press **Depth sweep** to measure the effect for each start depth.")
+        return pn.Column(pn.pane.HoloViews(ap.effect_curves(steps), sizing_mode="stretch_width"),
+                         pn.pane.HoloViews(ap.decay_plot(summary), sizing_mode="stretch_width"),
+                         pn.widgets.Tabulator(summary.to_pandas(), disabled=True, show_index=False,
+                                              sizing_mode="stretch_width", height=180),
+                         sizing_mode="stretch_width")
+
+    def __panel__(self):
+        s = self.settings
+        steer_btn = pn.widgets.Button(name="Steer", button_type="primary", width=90)
+        sweep_btn = pn.widgets.Button(name="Depth sweep", width=110)
+        stop_btn = pn.widgets.Button(name="Stop", button_type="danger", width=70)
+        steer_btn.on_click(self.steer)
+        sweep_btn.on_click(self.sweep)
+        stop_btn.on_click(self.stop)
+        for b in (steer_btn, sweep_btn):
+            b.disabled = s.param.busy
+        busy = pn.indicators.LoadingSpinner(value=s.param.busy, width=24, height=24)
+        controls = pn.Row(
+            pn.widgets.TextInput.from_param(s.param.pairs_path, name="CAA contrast pairs", width=330),
+            pn.widgets.IntInput.from_param(s.param.layer, name="Layer", width=70),
+            pn.widgets.FloatInput.from_param(s.param.strength, name="Strength", width=90),
+            pn.widgets.IntInput.from_param(s.param.start_step, name="Start step", width=90),
+            pn.widgets.Select.from_param(s.param.mode, name="Mode", width=80),
+            pn.widgets.TextInput.from_param(s.param.depths, name="Sweep depths", width=130))
+        return pn.Column(
+            pn.pane.Markdown("A CAA vector (mean residual difference over contrast pairs) is added to one block's "
+                             "output from the start step on; tokens before it are identical to the base run."),
+            controls, pn.Row(steer_btn, sweep_btn, stop_btn, busy, pn.pane.Str(s.param.status)),
+            pn.bind(self._texts, s.param.base, s.param.steered),
+            pn.bind(self._sweep_plots, s.param.sweep_steps, s.param.sweep_summary),
+            sizing_mode="stretch_width")
+
