@@ -10,6 +10,8 @@ The public API is this short list; everything else is an implementation detail.
 - :class:`StepEvent` is what the streaming callback of :func:`capture` receives.
 - :class:`SteeringVector` steers one block's output from a chosen decode step;
   :func:`steering_sweep` measures how its effect decays with the start depth.
+- :func:`build_profile` fits a prefill :class:`ReferenceProfile`; a :class:`DriftProbe` scores
+  decode steps against it while :func:`capture` runs.
 - :class:`TrajscopeError` is raised for bad input, with a one-sentence explanation.
 - :class:`TrajScope` is the interactive app (Panel): ``panel serve apps/trajscope.py`` or
   ``ts.TrajScope(model="sample")`` in a notebook.
@@ -18,12 +20,22 @@ The public API is this short list; everything else is an implementation detail.
 from trajscope.capture import StepEvent, capture
 from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle, load_model
+from trajscope.profile import DriftProbe, ReferenceProfile, build_profile
 from trajscope.sae.model import SAE
 from trajscope.steering import SteeringVector
 from trajscope.sweep import steering_sweep
 from trajscope.trajectory import Trajectory
-from trajscope.ui.views.app import TrajScope
 
 __version__ = "0.1.0"
 __all__ = ["load_model", "capture", "Trajectory", "StepEvent", "ModelHandle", "TrajscopeError", "TrajScope",
-           "SteeringVector", "steering_sweep", "SAE"]
+           "SteeringVector", "steering_sweep",
+           "build_profile", "ReferenceProfile", "DriftProbe", "SAE"]
+
+
+def __getattr__(name: str):
+    """``TrajScope`` imports Panel, so it loads on first use: the CLI and scripts stay light."""
+    if name == "TrajScope":
+        from trajscope.ui.views.app import TrajScope
+
+        return TrajScope
+    raise AttributeError(f"module 'trajscope' has no attribute {name!r}")

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Rebuild everything derived from the sample model (run after scripts/train_sample_model.py):
+# the demo run, the prefill profile, the drift report, the CAA quotes vector and its depth sweep.
+# Outputs land in sample_data/ (runs/, profiles/, vectors/, reports/); the README quotes the printed tables.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1
+PY=${PY:-.venv/bin/python}
+TS=(${PY} -m trajscope.cli)
+mkdir -p sample_data/profiles sample_data/vectors sample_data/reports
+${PY} scripts/make_demo_run.py
+"${TS[@]}" profile --model sample --prompts sample_data/prompts/heldout_code.jsonl --fpr 0.01 \
+    --out sample_data/profiles/trajscope-tiny.safetensors
+"${TS[@]}" drift --model sample --prompts sample_data/prompts/heldout_code.jsonl \
+    --profile sample_data/profiles/trajscope-tiny.safetensors --max-new-tokens 128 --no-eos \
+    --out /tmp/trajscope-drift | tee sample_data/reports/drift.txt
+cp /tmp/trajscope-drift/by_depth.parquet sample_data/reports/drift_by_depth.parquet
+cp /tmp/trajscope-drift/by_entropy.parquet sample_data/reports/drift_by_entropy.parquet
+head -n 8 sample_data/prompts/heldout_code.jsonl > /tmp/trajscope-steer-prompts.jsonl
+"${TS[@]}" steer-sweep --model sample --pairs sample_data/prompts/quotes_pairs.jsonl --layer 3 \
+    --prompts /tmp/trajscope-steer-prompts.jsonl --depths 1,10,50,200 --strengths 4,8 --window 20 \
+    --targets '"' ' "' '("' --out /tmp/trajscope-steer | tee sample_data/reports/steering.txt
+cp /tmp/trajscope-steer/summary.parquet sample_data/reports/steering_summary.parquet
+cp /tmp/trajscope-steer/steps.parquet sample_data/reports/steering_steps.parquet
+cp /tmp/trajscope-steer/vector.safetensors sample_data/vectors/quotes_caa_layer3.safetensors
