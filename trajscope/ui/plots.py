@@ -32,7 +32,7 @@ CURVE_COLORS = {"entropy_norm": "#1f77b4", "prefix_mass": "#2ca02c", "generated_
 CURVE_LABELS = {"entropy": "attention entropy (nats)", "entropy_norm": "attention entropy / log(#keys)",
                 "prefix_mass": "prefix (prompt) mass", "generated_mass": "generated mass",
                 "sink_mass": "sink mass (pos 0)", "sink4_mass": "sink mass (pos 0–3)", "self_mass": "self mass"}
-METRIC_CMAPS = {"entropy": "viridis", "logprob": "magma", "drift": "RdBu_r"}
+METRIC_CMAPS = {"entropy": "YlOrRd", "logprob": "PuBu_r", "drift": "RdBu_r"}
 _WS = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "␍"})
 
 
@@ -120,14 +120,15 @@ def token_strip(layout: pl.DataFrame, prompt_len: int, metric_label: str = "valu
     data = {c: df[c].to_numpy() for c in ("x0", "y0", "x1", "y1", "value", "pos", "step")}
     data["token"] = df["label"].to_list()
     data["phase"] = df["phase"].to_list()
-    rects = hv.Rectangles(data, kdims=["x0", "y0", "x1", "y1"], vdims=["value", "pos", "step", "token", "phase"])
+    rects = hv.Rectangles(data, kdims=["x0", "y0", "x1", "y1"],
+                          vdims=[hv.Dimension("value", label=metric_label), "pos", "step", "token", "phase"])
     vals = df["value"].drop_nans()
     lo, hi = (float(vals.min()), float(vals.max())) if len(vals) else (0.0, 1.0)
     if cmap == "RdBu_r":
         m = max(abs(lo), abs(hi), 1e-9)
         lo, hi = -m, m
     rects = rects.opts(color="value", cmap=cmap, clim=(lo, hi if hi > lo else lo + 1e-9), colorbar=True,
-                       colorbar_opts={"title": metric_label}, line_color="white", tools=["hover", "tap"],
+                       line_color="white", tools=["hover", "tap"], fill_alpha=0.85,
                        hover_tooltips=[("pos", "@pos"), ("step", "@step"), ("token", "@token"), ("phase", "@phase"),
                                        (metric_label, "@value{0.000}")],
                        clipping_colors={"NaN": "#e0e0e0"}, nonselection_alpha=1.0, selection_alpha=1.0)
@@ -213,8 +214,9 @@ def attention_heatmap(matrix: np.ndarray, prompt_len: int, title: str = "Attenti
     img = hv.Image(np.ascontiguousarray(matrix[::-1]), bounds=(-0.5, -0.5, nk - 0.5, nq - 0.5),
                    kdims=["key_pos", "query_pos"], vdims=["weight"])
     vmax = float(matrix.max()) if matrix.size else 1.0
-    img = img.opts(cmap="Blues", clim=(0.0, vmax if vmax > 0 else 1.0), cnorm="eq_hist", colorbar=True,
-                   colorbar_opts={"title": "weight"}, invert_yaxis=True, tools=["hover"],
+    img = img.opts(cmap="Blues", clim=(1e-3, max(vmax, 1e-2)), cnorm="log", colorbar=True,
+                   clipping_colors={"min": "white", "NaN": "white"}, colorbar_opts={"title": "weight (log)"},
+                   invert_yaxis=True, tools=["hover"],
                    xlabel="key position (attended token)", ylabel="query position (step 0 = prompt rows)")
     line = {"line_dash": "dashed", "line_color": CURSOR_COLOR, "line_width": 1.5}
     suffix = " (top-8 keys only: full rows not kept for this layer)" if sparse else ""

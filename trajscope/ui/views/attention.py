@@ -66,7 +66,7 @@ class AttentionView(StateView):
         who = "mean over heads" if h is None else f"head {h}"
         base = plots.attention_heatmap(matrix, traj.prompt_len, f"Attention weights, layer {layer}, {who}", sparse)
         P, nk = traj.prompt_len, matrix.shape[1]
-        self.row_cursor = Cursor([box(line_width=2)], lambda s: [plots.attention_cursor_box(s, P, nk)])
+        self.row_cursor = Cursor([box(line_width=2, fill_alpha=0.12, fill_color="#d62728")], lambda s: [plots.attention_cursor_box(s, P, nk)])
         self.row_cursor.step = st.step
         return base.opts(hooks=[self.row_cursor.hook])
 

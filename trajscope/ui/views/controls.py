@@ -97,9 +97,10 @@ class Controls(StateView):
         key.visible = st.remote
         st.param.watch(lambda e: setattr(key, "visible", e.new), "remote")
         prompt = pn.widgets.TextAreaInput.from_param(st.param.prompt, name="Prompt", height=90, css_classes=["ts-prompt"])
-        mnt = pn.widgets.IntInput.from_param(st.param.max_new_tokens, name="Max new tokens", width=120)
-        temp = pn.widgets.FloatInput.from_param(st.param.temperature, name="Temperature (0 = greedy)", step=0.1, width=150)
-        seed = pn.widgets.IntInput.from_param(st.param.seed, name="Seed", width=90)
+        mnt = pn.widgets.IntInput.from_param(st.param.max_new_tokens, name="Max new tokens", width=105)
+        temp = pn.widgets.FloatInput.from_param(st.param.temperature, name="Temperature", step=0.1, width=110,
+                                          description="0 = greedy (argmax); above 0 samples with the seed.")
+        seed = pn.widgets.IntInput.from_param(st.param.seed, name="Seed", width=75)
         keep = pn.widgets.TextInput.from_param(st.param.keep_attention, name="Keep full attention rows of layers",
                                                description="'all', 'none' or indices like '0,3'. Other layers show "
                                                "their top-8 keys only.")
