@@ -11,10 +11,16 @@ uses another model source for Generate.
 """
 
 import os
+import pathlib
+import sys
 
-import panel as pn
+# `panel serve` puts this file's folder first on sys.path, where this very file (trajscope.py)
+# would shadow the trajscope package: put the repository root in front of it.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from trajscope.ui.views.app import default_page
+import panel as pn  # noqa: E402
+
+from trajscope.ui.views.app import default_page  # noqa: E402
 
 pn.extension(notifications=True)
 

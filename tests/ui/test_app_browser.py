@@ -7,6 +7,8 @@ session's server-side state.
 
 from __future__ import annotations
 
+import os
+import pathlib
 import time
 
 import panel as pn
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.ui
 pw = pytest.importorskip("playwright.sync_api")
 from panel.tests.util import serve_component, wait_until  # noqa: E402
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 # the first plot render can take a while on a loaded 2-core machine
 TIMEOUT = 60_000
 
@@ -51,18 +54,47 @@ def readout(page) -> str:
     return text(page, ".ts-step-readout")
 
 
-def test_served_app_renders_plots(page, short_run_dir):
-    apps = serve(page, run_dir=short_run_dir)
+@pytest.fixture
+def served_app_file(short_run_dir):
+    """``panel serve apps/trajscope.py`` as a user runs it (subprocess), opening the short run."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "TRAJSCOPE_RUN": str(short_run_dir), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "panel", "serve", str(ROOT / "apps" / "trajscope.py"),
+                             "--port", str(port), "--allow-websocket-origin", f"localhost:{port}"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    yield f"http://localhost:{port}/trajscope", proc
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_served_app_renders_plots(page, served_app_file):
+    url, proc = served_app_file
+    deadline = time.time() + 60
+    while True:
+        try:
+            page.goto(url, timeout=5_000)
+            break
+        except pw.Error:
+            assert proc.poll() is None and time.time() < deadline, "panel serve did not start"
+            time.sleep(0.5)
     page.locator(".ts-token-strip").wait_for(timeout=TIMEOUT)
     wait_until(lambda: page.locator("canvas").count() >= 5, page, timeout=TIMEOUT)
     assert "Step 0 / 11" in readout(page)
     assert "does decode still look like prefill" in page.content()
-    assert apps[0].state.trajectory is not None
     # each plot is a Bokeh figure with a title that says what it shows
     titles = page.evaluate("""() => Bokeh.documents.flatMap(d => [...d.all_models])
-        .filter(m => m.type === 'Figure' || m.constructor.name === 'Figure').map(m => m.title && m.title.text)""")
-    assert any("Attention weights" in (t or "") for t in titles)
-    assert any("telemetry" in (t or "") for t in titles)
+        .filter(m => m.title && m.title.text !== undefined).map(m => m.title.text)""")
+    assert any("Attention weights" in t for t in titles), titles
+    assert any("telemetry" in t for t in titles), titles
 
 
 def test_generate_streams_and_counter_advances(page):

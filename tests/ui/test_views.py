@@ -209,3 +209,19 @@ def test_export_view_downloads(short_run):
     data = app.export._table().getvalue()
     assert pl.read_parquet(io.BytesIO(data)).height == short_run.attention.height
     assert app.export._filename() == f"{short_run.run_id}-attention.parquet"
+
+
+def test_default_page_opens_a_run_or_captures_one(sample_model, short_run_dir, fresh_models):
+    from trajscope.ui.views.app import default_page
+
+    opened = default_page(short_run_dir)._trajscope
+    assert opened.state.trajectory is not None and not opened.autostart
+    runner._MODELS[("sample", False, None)] = sample_model
+    app = default_page("/nonexistent-run", max_new_tokens=3)._trajscope
+    assert app.state.trajectory is None and app.autostart
+    app._autostart()
+    first = app.controls.job
+    wait_job(first)
+    assert app.state.trajectory.n_steps == 3 and app.state.trajectory.meta["prompt"] == app.state.prompt
+    app._autostart()
+    assert app.controls.job is first  # only once per session
