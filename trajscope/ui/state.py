@@ -67,8 +67,6 @@ class AppState(param.Parameterized):
     trajectory = param.ClassSelector(class_=Trajectory, allow_None=True, doc="The run on screen (None before the first one).")
     revision = param.Integer(default=0, doc="Bumped whenever a new trajectory is set; plots that depend on the whole run watch it.")
     step = param.Integer(default=0, bounds=(0, 0), doc="Current step: 0 = prefill, s ≥ 1 = decode step s (query at pos P+s−1).")
-    playing = param.Boolean(default=False, doc="Whether the step player is advancing on its own.")
-    play_interval = param.Integer(default=300, bounds=(30, 5000), doc="Milliseconds between steps while playing.")
 
     # -- what to look at ---------------------------------------------------------------------
     layer = param.Selector(default=0, objects=[0], doc="Layer shown in the attention heatmap and the telemetry.")
@@ -160,19 +158,12 @@ class AppState(param.Parameterized):
             self.step = min(max(0, int(step)), self.n_steps - 1)
 
     def next(self) -> None:
-        """One step forward (stops playing at the end)."""
-        if self.step >= self.n_steps - 1:
-            self.playing = False
+        """One step forward (stays on the last step)."""
         self.go(self.step + 1)
 
     def prev(self) -> None:
         """One step back."""
         self.go(self.step - 1)
-
-    def tick(self) -> None:
-        """Advance while playing; wraps to the start only when play was pressed at the end."""
-        if self.playing:
-            self.next()
 
     def report(self, message: str) -> None:
         """Record an error sentence for the views to show; also the status line."""

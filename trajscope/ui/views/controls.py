@@ -8,10 +8,13 @@ capture's cancel event: the run ends after the current step and keeps it.
 
 from __future__ import annotations
 
+import html
+
 import panel as pn
 
 from trajscope.errors import TrajscopeError
 from trajscope.trajectory import Trajectory
+from trajscope.ui.plots import visible
 from trajscope.ui.runner import GenerationJob
 from trajscope.ui.views._base import StateView, dispatcher
 
@@ -116,6 +119,11 @@ class Controls(StateView):
         bar = pn.indicators.Progress(value=pn.bind(lambda p, b: p if b else 0, st.param.progress, st.param.busy),
                                      max=pn.bind(lambda m: max(1, m), st.param.progress_max),
                                      visible=st.param.busy, sizing_mode="stretch_width", bar_color="primary")
+        live = pn.pane.HTML(pn.bind(lambda text, b: f"<div class='ts-live'>{html.escape(visible(text)[-600:])}</div>"
+                                    if b and text else "", st.param.live_text, st.param.busy),
+                            sizing_mode="stretch_width", css_classes=["ts-live-text"],
+                            stylesheets=[":host .ts-live{font-family:monospace;font-size:0.85em;white-space:pre-wrap;"
+                                         "word-break:break-all;background:#f6f8fa;padding:4px 6px;border-radius:4px}"])
         status = pn.pane.Markdown(st.param.status, css_classes=["ts-status"], sizing_mode="stretch_width",
                                   styles={"font-size": "0.9em"})
         alert = pn.pane.Alert(st.param.error, alert_type="danger", visible=pn.bind(bool, st.param.error),
@@ -126,5 +134,5 @@ class Controls(StateView):
         open_btn.on_click(self.open_run)
         return pn.Column(
             "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep,
-            pn.Row(gen, stop), bar, status, alert,
+            pn.Row(gen, stop), bar, status, live, alert,
             pn.layout.Divider(), path, open_btn, sizing_mode="stretch_width")
