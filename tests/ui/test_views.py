@@ -47,14 +47,20 @@ def test_step_change_moves_every_cursor(short_run):
     assert span.location == 6 and app.telemetry.cursors["tokens"].annotations[0][0].location == 6
 
 
-def test_token_click_and_grid_click(short_run):
+def test_token_telemetry_and_grid_clicks(short_run):
     app = TrajScope(trajectory=short_run)
     render(app)
     lay = app.tokens.layout_df
     P = short_run.prompt_len
     r = lay.filter(pl.col("pos") == P + 3).row(0, named=True)
-    app.tokens._on_tap(x=r["xc"], y=r["yc"])
+    app.tokens.tap.event(x=r["xc"], y=r["yc"])  # what a click on that token sends
     assert app.state.step == 4
+    app.tokens.tap.event(x=-50.0, y=3.0)  # a click beside the tokens changes nothing
+    assert app.state.step == 4
+    app.telemetry.taps["attention"].event(x=7.3, y=0.4)
+    assert app.state.step == 7
+    app.telemetry.taps["tokens"].event(x=1.6, y=2.0)
+    assert app.state.step == 2
     app.attention._on_grid_tap(x=2.1, y=3.2)
     assert (app.state.layer, app.state.head) == (3, 2)
 

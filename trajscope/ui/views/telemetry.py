@@ -24,6 +24,7 @@ class TelemetryView(StateView):
     def __init__(self, **params):
         super().__init__(**params)
         self.cursors: dict[str, Cursor] = {}
+        self.taps: dict[str, hv.streams.Tap] = {}
         self._panes: list = []
         self.state.param.watch(self._move, "step")
 
@@ -37,9 +38,10 @@ class TelemetryView(StateView):
         self.cursors[name] = c
         return base.opts(hooks=[c.hook])
 
-    def _tap(self, element):
+    def _tap(self, name: str, element) -> None:
         tap = hv.streams.Tap(source=element)
         tap.add_subscriber(lambda x=None, **_: None if x is None else self.state.go(int(round(x))))
+        self.taps[name] = tap
 
     def attention_curves(self, revision: int, layer: int, head: int, average: bool):
         st = self.state
@@ -52,7 +54,7 @@ class TelemetryView(StateView):
             tele = step_telemetry(st.trajectory.attention, layer, h)
             who = f"layer {layer}, " + ("mean over heads" if h is None else f"head {h}")
         base = plots.telemetry_plot(tele, title=f"Attention telemetry over steps — {who}")
-        self._tap(base)
+        self._tap("attention", base)
         return self._cursor("attention", base)
 
     def token_curves(self, revision: int):
@@ -60,7 +62,7 @@ class TelemetryView(StateView):
         if st.trajectory is None:
             return hv.Overlay([hv.Text(0, 0, "")]).opts(height=220, responsive=True)
         base = plots.next_token_plot(st.trajectory.tokens, st.trajectory.prompt_len)
-        self._tap(base)
+        self._tap("tokens", base)
         return self._cursor("tokens", base)
 
     def __panel__(self):

@@ -47,8 +47,8 @@ class TokenStrip(StateView):
         self.layout_df = layout
         label = _LABELS.get(metric, metric) + (f", layer {layer}" if metric == "drift" else "")
         base = plots.token_strip(layout, traj.prompt_len, label, plots.METRIC_CMAPS.get(metric, "viridis"))
-        tap = hv.streams.Tap(source=base.get(0))
-        tap.add_subscriber(self._on_tap)
+        self.tap = hv.streams.Tap(source=base.get(0))
+        self.tap.add_subscriber(self._on_tap)
         P = traj.prompt_len
 
         def props(step):
