@@ -1,8 +1,8 @@
 """Capture the demo run the app opens with: ``sample_data/runs/demo``.
 
 The sample model continues ``def fibonacci(n):\\n    `` greedily for 64 tokens,
-keeping the full attention rows of every layer (the heatmap can show any layer
-exactly). Re-run after retraining the sample model.
+keeping the full attention rows and the residuals of every layer (the heatmap
+can show any layer exactly, and the Drift view can score every position). Re-run after retraining the sample model.
 
 Usage: ``python scripts/make_demo_run.py [--out DIR]``
 """
@@ -26,7 +26,7 @@ def main() -> None:
     args = ap.parse_args()
     model = ts.load_model("sample")
     traj = ts.capture(model, PROMPT, max_new_tokens=64, temperature=0.0, seed=0, attention_layers="all",
-                      run_id="demo")
+                      residual_layers="all", run_id="demo")
     path = traj.save(args.out)
     print(f"{traj!r} saved to {path}")
     print(repr(traj.text))

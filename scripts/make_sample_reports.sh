@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # the sample model is too small for intra-op threads to pay off
 PY=${PY:-.venv/bin/python}
 TS=(${PY} -m trajscope.cli)
 mkdir -p sample_data/profiles sample_data/vectors sample_data/reports
@@ -18,7 +19,7 @@ cp /tmp/trajscope-drift/by_depth.parquet sample_data/reports/drift_by_depth.parq
 cp /tmp/trajscope-drift/by_entropy.parquet sample_data/reports/drift_by_entropy.parquet
 head -n 8 sample_data/prompts/heldout_code.jsonl > /tmp/trajscope-steer-prompts.jsonl
 "${TS[@]}" steer-sweep --model sample --pairs sample_data/prompts/quotes_pairs.jsonl --layer 3 \
-    --prompts /tmp/trajscope-steer-prompts.jsonl --depths 1,10,50,200 --strengths 4,8 --window 20 \
+    --prompts /tmp/trajscope-steer-prompts.jsonl --depths 1,10,50,200 --strengths 0.5,1 --window 20 \
     --targets '"' ' "' '("' --out /tmp/trajscope-steer | tee sample_data/reports/steering.txt
 cp /tmp/trajscope-steer/summary.parquet sample_data/reports/steering_summary.parquet
 cp /tmp/trajscope-steer/steps.parquet sample_data/reports/steering_steps.parquet

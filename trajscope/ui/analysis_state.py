@@ -78,7 +78,7 @@ class SteeringSettings(param.Parameterized):
 
     pairs_path = param.String(default=str(SAMPLE_PAIRS), doc="Contrast pairs (JSON lines: positive, negative) for CAA.")
     layer = param.Integer(default=3, bounds=(0, None), doc="Block whose output is steered.")
-    strength = param.Number(default=4.0, doc="Multiplier of the CAA direction (add) or target projection (clamp).")
+    strength = param.Number(default=1.0, doc="Multiplier of the CAA direction (add) or target projection (clamp).")
     start_step = param.Integer(default=1, bounds=(0, None), doc="First steered step (1 = first decode step).")
     mode = param.Selector(default="add", objects=["add", "clamp"], doc="add: h + s·v; clamp: set the projection on v to s.")
     depths = param.String(default="1,10,50,200", doc="Start depths of the sweep (those beyond the run are skipped).")
