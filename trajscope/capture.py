@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import time
 import uuid
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -234,7 +235,9 @@ def capture(
         def emit(rec: dict, n_steps: int) -> None:
             on_step(_event(model, rec, max_new_tokens, functools.partial(partial, n_steps)))
     stop_reason = None
-    with model.lock, _seeded(seed if temperature > 0 else None), torch.no_grad():
+    with model.lock, _seeded(seed if temperature > 0 else None), torch.no_grad(), warnings.catch_warnings():
+        # EOS and cancel end the iter loop early by design; nnsight warns about the unreached steps.
+        warnings.filterwarnings("ignore", message=".*was never reached.*")
         try:
             result = _run_trace(model, ids, gen_kwargs, records, state, (res_layers, row_layers, top_k_keys,
                                 top_k_tokens, probe_spec), steer, emit, max_new_tokens)
