@@ -87,3 +87,11 @@ def test_source_groups_split_greedy_and_sampled_decode_rows():
     t = ev.drift_table(rows, x, {"a": (torch.tensor(X_HAT), torch.tensor(F))})
     src = t.filter(pl.col("kind") == "source")
     assert src["group"].to_list() == ["decode greedy", "decode sample-0"] and src["n"].to_list() == [1, 2]
+
+
+def test_position_control_groups():
+    rows = pl.DataFrame({"phase": ["prefill"] * 3 + ["decode"], "step": [0, 0, 0, 1], "pos": [0, 15, 16, 17],
+                         "depth_band": ["prefill"] * 3 + ["1-4"], "entropy_band": ["3+"] * 4})
+    t = ev.drift_table(rows, torch.tensor(X), {"a": (torch.tensor(X_HAT), torch.tensor(F))})
+    pos = t.filter(pl.col("kind") == "position")
+    assert pos["group"].to_list() == ["prefill pos<16", "prefill pos>=16"] and pos["n"].to_list() == [2, 1]

@@ -36,6 +36,7 @@ import torch
 DEPTH_STEPS = (1, 8, 50, 200)
 DEPTH_BANDS = ((1, 4), (5, 16), (17, 64), (65, 256), (257, None))
 ENTROPY_EDGES = (0.5, 1.5, 3.0)
+EARLY_POS = 16  # prefill positions before this are reported apart (attention-sink region)
 
 
 def depth_band(step: int | None) -> str | None:
@@ -102,10 +103,15 @@ def report_groups(rows: pl.DataFrame, steps: Sequence[int] = DEPTH_STEPS) -> lis
     """The report's row groups as ``(kind, label, filter expression)`` over a harvest's rows frame.
 
     ``rows`` needs ``phase``, ``step``, ``depth_band`` and ``entropy_band`` columns; with a
-    ``source`` column, decode rows are also grouped by continuation (``greedy``, ``sample-0``…).
+    ``source`` column, decode rows are also grouped by continuation (``greedy``, ``sample-0``…); with
+    ``pos``, prefill rows are split at :data:`EARLY_POS` (a control for position: decode rows all sit
+    after the prompt, so a prefill set of short prompts over-weights the first positions).
     """
     groups: list[tuple[str, str, pl.Expr]] = [("phase", "prefill", pl.col("phase") == "prefill"),
                                               ("phase", "decode", pl.col("phase") == "decode")]
+    if "pos" in rows.columns:  # position control: prompts are short, decode rows sit later in the context
+        groups += [("position", f"prefill pos<{EARLY_POS}", (pl.col("phase") == "prefill") & (pl.col("pos") < EARLY_POS)),
+                   ("position", f"prefill pos>={EARLY_POS}", (pl.col("phase") == "prefill") & (pl.col("pos") >= EARLY_POS))]
     if "source" in rows.columns:  # greedy vs sampled continuations
         srcs = sorted(rows.filter(pl.col("phase") == "decode")["source"].unique().to_list())
         groups += [("source", f"decode {s}", (pl.col("phase") == "decode") & (pl.col("source") == s)) for s in srcs]

@@ -158,9 +158,11 @@ def save_sae(sae: SAE, path: str | os.PathLike) -> pathlib.Path:
     fd, tmp = tempfile.mkstemp(dir=p, suffix=".tmp")
     os.close(fd)
     save_file(state, tmp)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, p / WEIGHTS_FILENAME)
     fd, tmp = tempfile.mkstemp(dir=p, suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(config_to_saelens(sae.cfg), fh, indent=1)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, p / CFG_FILENAME)
     return p
