@@ -6,6 +6,9 @@ The page is captured at a 1600-pixel width after moving to a mid-decode step
 so that every cursor is visible. Needs Chromium at ``/usr/bin/chromium``
 (Debian package ``chromium``) and Playwright for Python.
 
+A second picture, ``<out>-analysis.png``, shows the Drift and Steering cards after
+steering the demo prompt from step 10.
+
 Usage: ``python scripts/screenshot.py [--out assets/screenshot.png] [--step 20]``
 """
 
@@ -73,8 +76,21 @@ def main() -> None:
                 out = pathlib.Path(args.out)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(out), full_page=True)
+                # second picture: the Drift and Steering cards, with a steered run of the demo prompt
+                app = apps[0]
+                app.steering.settings.param.update(start_step=10, strength=1.0)
+                app.steering.steer()
+                deadline = time.time() + 120
+                while (app.steering.settings.busy or app.steering.settings.steered is None) and time.time() < deadline:
+                    time.sleep(0.3)
+                time.sleep(3)
+                page.get_by_text("Drift versus the prefill profile").scroll_into_view_if_needed()
+                page.evaluate("() => { const m = document.querySelector('#main'); if (m) m.scrollBy(0, -10); }")
+                time.sleep(2)
+                second = out.with_name(out.stem + "-analysis.png")
+                page.screenshot(path=str(second))
                 browser.close()
-            print(f"saved {out}")
+            print(f"saved {out} and {second}")
         finally:
             server.stop()
 
