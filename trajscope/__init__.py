@@ -12,6 +12,8 @@ The public API is this short list; everything else is an implementation detail.
   :func:`steering_sweep` measures how its effect decays with the start depth.
 - :func:`build_profile` fits a prefill :class:`ReferenceProfile`; a :class:`DriftProbe` scores
   decode steps against it while :func:`capture` runs.
+- :func:`compare` builds a standalone HTML comparison report of runs; :func:`export` writes many
+  runs as one Hive-partitioned, schema-versioned Parquet dataset.
 - :class:`TrajscopeError` is raised for bad input, with a one-sentence explanation.
 - :class:`TrajScope` is the interactive app (Panel): ``panel serve apps/trajscope.py`` or
   ``ts.TrajScope(model="sample")`` in a notebook.
@@ -19,8 +21,10 @@ The public API is this short list; everything else is an implementation detail.
 
 from trajscope.capture import StepEvent, capture
 from trajscope.errors import TrajscopeError
+from trajscope.export import export
 from trajscope.model import ModelHandle, load_model
 from trajscope.profile import DriftProbe, ReferenceProfile, build_profile
+from trajscope.report import compare
 from trajscope.sae.model import SAE
 from trajscope.steering import SteeringVector
 from trajscope.sweep import steering_sweep
@@ -29,7 +33,7 @@ from trajscope.trajectory import Trajectory
 __version__ = "0.1.0"
 __all__ = ["load_model", "capture", "Trajectory", "StepEvent", "ModelHandle", "TrajscopeError", "TrajScope",
            "SteeringVector", "steering_sweep",
-           "build_profile", "ReferenceProfile", "DriftProbe", "SAE"]
+           "build_profile", "ReferenceProfile", "DriftProbe", "SAE", "compare", "export"]
 
 
 def __getattr__(name: str):

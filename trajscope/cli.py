@@ -119,6 +119,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from trajscope.report import compare
+
+    comp = compare(args.runs, skip_bad=args.skip_bad)
+    path = comp.save(args.output)
+    for run, reason in comp.skipped:
+        print(f"left out {run}: {reason}", file=sys.stderr)
+    print(f"{path}  ({len(comp.runs)} runs; tables in {path.stem}_files/)", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from trajscope.export import export
+
+    out = export(args.runs, args.out, partition_by=tuple(args.partition_by.split(",")))
+    print(f"{out}/<table>/{'/'.join(k + '=...' for k in args.partition_by.split(','))}/part-0.parquet", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="trajscope", description="Step through LLM decode and measure drift from prefill.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -144,6 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=5006)
     s.add_argument("--show", action="store_true")
     s.set_defaults(func=cmd_serve)
+    r = sub.add_parser("report", help="standalone HTML comparison report of run directories")
+    r.add_argument("runs", nargs="+", help="run directories (the first is the reference)")
+    r.add_argument("-o", "--output", default="report.html")
+    r.add_argument("--skip-bad", action="store_true", help="leave unreadable runs out (named in the report)")
+    r.set_defaults(func=cmd_report)
+    e = sub.add_parser("export", help="Hive-partitioned Parquet dataset of many runs")
+    e.add_argument("runs", nargs="+")
+    e.add_argument("--out", required=True)
+    e.add_argument("--partition-by", default="model,run_id", help="keys among model, run_id, family")
+    e.set_defaults(func=cmd_export)
     from trajscope import cli_drift, cli_steer
 
     cli_steer.register(sub)

@@ -45,6 +45,11 @@ OPTIONAL_TABLES = ("features", "probe")  # present when an SAE / a drift probe w
 TENSOR_FILE = "tensors.safetensors"
 
 
+def parquet_metadata(table: str) -> dict[str, str]:
+    """Key-value metadata stamped into every Parquet file trajscope writes (schema version, table name)."""
+    return {"trajscope_schema": str(SCHEMA_VERSION), "trajscope_table": table}
+
+
 def library_versions() -> dict[str, str]:
     """Versions of the libraries that shape a run's numbers."""
     from importlib.metadata import PackageNotFoundError, version
@@ -143,7 +148,7 @@ class Trajectory:
             meta = dict(self.meta, schema_version=SCHEMA_VERSION, tables=self.table_names(),
                         tensors=sorted(self.tensors))
             for name in self.table_names():
-                getattr(self, name).write_parquet(tmp / f"{name}.parquet")
+                getattr(self, name).write_parquet(tmp / f"{name}.parquet", metadata=parquet_metadata(name))
             if self.tensors:
                 from safetensors.torch import save_file
 
@@ -160,6 +165,17 @@ class Trajectory:
             shutil.rmtree(tmp, ignore_errors=True)
             raise TrajscopeError(f"Cannot write the run to '{path}': {exc.strerror or exc}.") from None
         return path
+
+    def to_parquet(self, directory: str | os.PathLike) -> pathlib.Path:
+        """Write just the tables (``<table>.parquet``, schema-versioned) into ``directory``."""
+        directory = pathlib.Path(directory)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            for name in self.table_names():
+                getattr(self, name).write_parquet(directory / f"{name}.parquet", metadata=parquet_metadata(name))
+        except OSError as exc:
+            raise TrajscopeError(f"Cannot write tables to '{directory}': {exc.strerror or exc}.") from None
+        return directory
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Trajectory":

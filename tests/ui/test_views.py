@@ -231,3 +231,18 @@ def test_default_page_opens_a_run_or_captures_one(sample_model, short_run_dir, f
     assert app.state.trajectory.n_steps == 3 and app.state.trajectory.meta["prompt"] == app.state.prompt
     app._autostart()
     assert app.controls.job is first  # only once per session
+
+
+def test_export_view_offers_a_comparison_report(short_run, short_run_dir):
+    from trajscope.ui.state import AppState
+    from trajscope.ui.views.export import ExportView
+
+    view = ExportView(state=AppState())
+    view.state.set_trajectory(short_run, step=0)
+    html = view._report().getvalue().decode()
+    assert "Generated tokens by step" in html and html.count("<h2>") >= 3
+    view.compare_with = str(short_run_dir)
+    two = view._report().getvalue().decode()
+    assert two.count(short_run.run_id) >= 2
+    view.compare_with = "/no/such/run"
+    assert view._report() is None and "No run directory" in view.state.error

@@ -17,7 +17,7 @@ import zipfile
 import polars as pl
 
 from trajscope.errors import TrajscopeError
-from trajscope.trajectory import TABLES, Trajectory
+from trajscope.trajectory import TABLES, Trajectory, parquet_metadata
 
 FORMATS = ("parquet", "csv")
 
@@ -43,7 +43,7 @@ def table_bytes(traj: Trajectory, table: str, fmt: str) -> bytes:
     df = getattr(traj, table)
     buf = io.BytesIO()
     if fmt == "parquet":
-        df.write_parquet(buf)
+        df.write_parquet(buf, metadata=parquet_metadata(table))
     else:
         csv_ready(df).write_csv(buf)
     return buf.getvalue()
@@ -59,3 +59,12 @@ def run_zip_bytes(traj: Trajectory) -> bytes:
                 if f.is_file():
                     zf.write(f, f"{traj.run_id}/{f.relative_to(path)}")
     return buf.getvalue()
+
+
+def report_bytes(traj: Trajectory, other: str | None = None) -> bytes:
+    """The standalone HTML comparison report of ``traj`` (and the run directory ``other``, when given)."""
+    from trajscope.report import compare
+
+    runs = [traj] + ([other.strip()] if other and other.strip() else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        return compare(runs).save(pathlib.Path(tmp) / "report.html").read_bytes()

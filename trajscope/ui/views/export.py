@@ -1,4 +1,4 @@
-"""Export view: download a table (Parquet or CSV) or the whole run directory (zip)."""
+"""Export view: download a table (Parquet or CSV), the whole run directory (zip), or a comparison report."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import panel as pn
 import param
 
 from trajscope.trajectory import TABLES
-from trajscope.ui.export import FORMATS, run_zip_bytes, table_bytes
+from trajscope.errors import TrajscopeError
+from trajscope.ui.export import FORMATS, report_bytes, run_zip_bytes, table_bytes
 from trajscope.ui.views._base import StateView
 
 
@@ -17,6 +18,7 @@ class ExportView(StateView):
 
     table = param.Selector(default="tokens", objects=list(TABLES), doc="Which table to download.")
     fmt = param.Selector(default="parquet", objects=list(FORMATS), doc="File format of the table download.")
+    compare_with = param.String(default="", doc="A second run directory to compare with in the report (optional).")
 
     def _filename(self) -> str:
         run = self.state.trajectory.run_id if self.state.trajectory is not None else "run"
@@ -34,6 +36,16 @@ class ExportView(StateView):
             return None
         return io.BytesIO(run_zip_bytes(self.state.trajectory))
 
+    def _report(self):
+        if self.state.trajectory is None:
+            self.state.report("There is no run to report on yet.")
+            return None
+        try:
+            return io.BytesIO(report_bytes(self.state.trajectory, self.compare_with))
+        except TrajscopeError as exc:
+            self.state.report(str(exc))
+            return None
+
     def __panel__(self):
         table = pn.widgets.Select.from_param(self.param.table, name="Table", width=130)
         fmt = pn.widgets.RadioButtonGroup.from_param(self.param.fmt, name="Format", width=150)
@@ -46,7 +58,11 @@ class ExportView(StateView):
             down.filename = self._filename()
             zipd.filename = (self.state.trajectory.run_id if self.state.trajectory is not None else "run") + ".zip"
 
+        other = pn.widgets.TextInput.from_param(self.param.compare_with, name="Compare with run directory (optional)",
+                                                placeholder="runs/other", width=280)
+        report = pn.widgets.FileDownload(callback=self._report, filename="trajscope-report.html", width=280,
+                                         label="Download comparison report (HTML)", css_classes=["ts-download-report"])
         self.param.watch(rename, ["table", "fmt"])
         self.state.param.watch(rename, ["revision"])
         rename()
-        return pn.Column(pn.Row(table, fmt), down, zipd)
+        return pn.Column(pn.Row(table, fmt), down, zipd, other, report)

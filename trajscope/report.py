@@ -1,0 +1,274 @@
+"""Comparison report: two or more runs side by side in one standalone HTML file.
+
+``ts.compare(runs).save("report.html")`` writes ``report.html`` with the Bokeh
+JavaScript and CSS inline (it opens offline, with a double click) and, beside
+it, ``report_files/`` holding every table the report plots as Parquet. The
+sections present depend on what the runs contain:
+
+- **Overview**: model, settings, prompt and stop reason per run; generated tokens
+  aligned by step with the cells that differ from the first run marked;
+- **Attention telemetry**: per-step means over layers and heads of normalised
+  entropy, prefix (prompt) mass and sink mass;
+- **Residual statistics**: per-step residual norm and excess kurtosis (mean over
+  layers) relative to the same run's prefill positions, and drift-probe flags
+  when a probe was attached;
+- **Steering**: each steered run's settings, and its next-token entropy and
+  logprob by step with the onset marked;
+- **SAE features**: active features (L0) per step, when an SAE was attached.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import pathlib
+from typing import Sequence
+
+import polars as pl
+
+from trajscope.errors import TrajscopeError
+from trajscope.trajectory import Trajectory, parquet_metadata
+
+MAX_ALIGNED_STEPS = 300
+
+
+def _label(traj: Trajectory, i: int) -> str:
+    return f"{i + 1}: {traj.run_id}"
+
+
+def overview_table(runs: Sequence[Trajectory]) -> pl.DataFrame:
+    """One row per run: identity, model, sampling, steering, stop reason, lengths."""
+    rows = []
+    for t in runs:
+        m, s = t.meta, t.meta.get("sampling", {})
+        steer = "; ".join(f"{v['name']}@L{v['layer']} ×{v['strength']} from step {v['start_step']}"
+                          for v in m.get("steering") or []) or "none"
+        rows.append({"run_id": t.run_id, "model": m["model"]["model_id"], "family": m["model"]["family"],
+                     "dtype": m["model"]["dtype"], "device": m["model"]["device"],
+                     "sampling": "greedy" if not s.get("do_sample") else f"T={s.get('temperature')}",
+                     "seed": s.get("seed"), "steering": steer, "stop_reason": m.get("stop_reason"),
+                     "prompt_len": t.prompt_len, "generated": m.get("n_generated"),
+                     "prompt": (m.get("prompt") or "")[:200]})
+    return pl.DataFrame(rows)
+
+
+def aligned_tokens(runs: Sequence[Trajectory]) -> pl.DataFrame:
+    """Generated tokens aligned by the step that produced them: ``step`` then one text column per run.
+
+    The token at ``pos = P + s`` is produced by step s (0 = the prefill pass).
+    """
+    frames = []
+    for i, t in enumerate(runs):
+        frames.append(t.tokens.filter(pl.col("phase") == "decode")
+                      .select((pl.col("pos") - t.prompt_len).alias("step"), pl.col("text").alias(_label(t, i))))
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.join(f, on="step", how="full", coalesce=True)
+    return out.sort("step")
+
+
+def telemetry_by_step(runs: Sequence[Trajectory]) -> pl.DataFrame:
+    """Per run and step: attention means over layers and heads at the step's last query."""
+    parts = []
+    for t in runs:
+        last = t.attention.group_by("step").agg(pl.col("pos").max().alias("_q"))
+        a = t.attention.join(last, on="step").filter(pl.col("pos") == pl.col("_q"))
+        parts.append(a.group_by("step").agg(pl.col("entropy_norm", "prefix_mass", "generated_mass", "sink_mass").mean())
+                     .with_columns(pl.lit(t.run_id).alias("run_id")))
+    return pl.concat(parts).sort("run_id", "step")
+
+
+def residual_by_step(runs: Sequence[Trajectory]) -> pl.DataFrame:
+    """Per run and step: mean over layers of residual norm and kurtosis, ÷ the run's prefill mean."""
+    parts = []
+    for t in runs:
+        act = t.activations
+        ref = act.filter((pl.col("phase") == "prefill") & (pl.col("pos") > 0)).group_by("layer").agg(
+            pl.col("norm").mean().alias("_n"), pl.col("kurtosis").mean().alias("_k"))
+        if ref.is_empty():
+            ref = act.filter(pl.col("phase") == "prefill").group_by("layer").agg(
+                pl.col("norm").mean().alias("_n"), pl.col("kurtosis").mean().alias("_k"))
+        r = (act.filter(pl.col("phase") == "decode").join(ref, on="layer")
+             .group_by("step").agg((pl.col("norm") / pl.col("_n")).mean().alias("norm_vs_prefill"),
+                                   (pl.col("kurtosis") - pl.col("_k")).mean().alias("kurtosis_minus_prefill"),
+                                   pl.col("n_outliers").sum().alias("outliers"))
+             .with_columns(pl.lit(t.run_id).alias("run_id")))
+        parts.append(r)
+    return pl.concat(parts).sort("run_id", "step")
+
+
+def _curves(df: pl.DataFrame, y: str, title: str, ylabel: str, order: Sequence[str],
+            marks: dict[str, int] | None = None):
+    import holoviews as hv
+
+    from trajscope.ui.analysis_plots import LAYER_COLORS
+
+    items = []
+    for i, rid in enumerate(order):
+        sub = df.filter(pl.col("run_id") == rid).sort("step")
+        if sub.is_empty():
+            continue
+        color = LAYER_COLORS[i % len(LAYER_COLORS)]
+        items.append(hv.Curve((sub["step"].to_numpy(), sub[y].to_numpy()), "step", y, label=rid).opts(color=color))
+        if marks and rid in marks:
+            items.append(hv.VLine(marks[rid]).opts(color=color, line_dash="dotted"))
+    return hv.Overlay(items).opts(width=900, height=260, title=title, ylabel=ylabel, xlabel="step (0 = prefill)",
+                                  legend_position="right", tools=["hover"])
+
+
+class Comparison:
+    """Two or more runs, ready to be written as a report.
+
+    Attributes:
+        runs: the trajectories, in order (the first is the reference for token differences).
+        skipped: ``(path, reason)`` of runs left out with ``skip_bad=True``.
+    """
+
+    def __init__(self, runs: Sequence[Trajectory], skipped: Sequence[tuple[str, str]] = ()):
+        if not runs:
+            raise TrajscopeError("A report needs at least one readable run.")
+        self.runs = list(runs)
+        self.skipped = list(skipped)
+
+    def tables(self) -> dict[str, pl.DataFrame]:
+        """Every table the report shows, by file name."""
+        out = {"overview": overview_table(self.runs), "tokens_aligned": aligned_tokens(self.runs),
+               "attention_by_step": telemetry_by_step(self.runs), "residual_by_step": residual_by_step(self.runs)}
+        probes = [t.probe for t in self.runs if t.probe is not None]
+        if probes:
+            out["probe"] = pl.concat(probes)
+        feats = [t.features.with_columns(pl.lit(t.run_id).alias("run_id")) if "run_id" not in t.features.columns
+                 else t.features for t in self.runs if t.features is not None]
+        if feats:
+            out["features"] = pl.concat(feats, how="diagonal_relaxed")
+        steered = [t for t in self.runs if t.meta.get("steering")]
+        if steered:
+            out["steering_tokens"] = pl.concat([
+                t.tokens.filter(pl.col("phase") == "decode").select(
+                    "run_id", (pl.col("pos") - t.prompt_len + 1).alias("step"), "entropy", "logprob")
+                for t in self.runs])
+        return out
+
+    def _aligned_html(self, aligned: pl.DataFrame) -> str:
+        cols = aligned.columns[1:]
+        rows = []
+        for r in aligned.head(MAX_ALIGNED_STEPS).iter_rows():
+            ref = r[1]
+            cells = "".join(
+                f"<td class='{'diff' if j > 0 and v != ref else ''}'><code>{html.escape(repr(v)[1:-1] if v else '')}</code></td>"
+                for j, v in enumerate(r[1:]))
+            rows.append(f"<tr><td>{r[0]}</td>{cells}</tr>")
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+        more = (f"<p>First {MAX_ALIGNED_STEPS} of {aligned.height} steps shown; all are in "
+                "tokens_aligned.parquet.</p>") if aligned.height > MAX_ALIGNED_STEPS else ""
+        return (f"<div class='scroll'><table><tr><th>step</th>{head}</tr>{''.join(rows)}</table></div>{more}")
+
+    def save(self, path: str | os.PathLike) -> pathlib.Path:
+        """Write the standalone HTML report and ``<stem>_files/*.parquet``. Returns the HTML path."""
+        import holoviews as hv
+        from bokeh.embed import components
+        from bokeh.resources import INLINE
+
+        import trajscope.ui.plots  # noqa: F401  (selects the bokeh backend)
+
+        path = pathlib.Path(path)
+        files = path.with_name(path.stem + "_files")
+        tables = self.tables()
+        try:
+            files.mkdir(parents=True, exist_ok=True)
+            for name, df in tables.items():
+                df.write_parquet(files / f"{name}.parquet", metadata=parquet_metadata(name))
+        except OSError as exc:
+            raise TrajscopeError(f"Cannot write the report to '{path}': {exc.strerror or exc}.") from None
+        att, res = tables["attention_by_step"], tables["residual_by_step"]
+        order = [t.run_id for t in self.runs]
+        plots = [
+            ("attention", _curves(att, "entropy_norm", "Attention entropy / log(#keys), mean over layers and heads", "entropy (norm.)", order)),
+            ("attention", _curves(att, "prefix_mass", "Prefix (prompt) mass — share of attention on the prompt", "prefix mass", order)),
+            ("attention", _curves(att, "sink_mass", "Sink mass — attention on position 0", "sink mass", order)),
+            ("residual", _curves(res, "norm_vs_prefill", "Residual norm ÷ the run's prefill mean (mean over layers)", "ratio", order)),
+            ("residual", _curves(res, "kurtosis_minus_prefill", "Excess kurtosis − the run's prefill mean (mean over layers)", "Δ kurtosis", order)),
+        ]
+        if "steering_tokens" in tables:
+            marks = {t.run_id: min(v["start_step"] for v in t.meta["steering"]) for t in self.runs if t.meta.get("steering")}
+            st = tables["steering_tokens"]
+            plots.append(("steering", _curves(st, "entropy", "Next-token entropy by step (dotted: steering onset)", "nats", order, marks)))
+            plots.append(("steering", _curves(st.drop_nulls("logprob"), "logprob", "Logprob of the token by step", "logprob", order, marks)))
+        if "features" in tables and {"pos", "feature"} <= set(tables["features"].columns):
+            f = tables["features"]
+            l0 = f.group_by("run_id", "pos").len().rename({"pos": "step", "len": "active"})
+            plots.append(("sae", _curves(l0, "active", "Active SAE features kept per position", "count", order)))
+        script, divs = components([hv.render(p, backend="bokeh") for _, p in plots])
+        by_section: dict[str, list[str]] = {}
+        for (section, _), div in zip(plots, divs):
+            by_section.setdefault(section, []).append(div)
+        titles = {"attention": "Attention telemetry", "residual": "Residual statistics versus prefill",
+                  "steering": "Steering", "sae": "SAE features"}
+        notes = {"attention": "Per step, at the step's query (the last prompt position for step 0).",
+                 "residual": "Decode positions only; 1.0 / 0.0 mean 'as during prefill'.",
+                 "steering": "", "sae": ""}
+        body = [f"<h2>Overview</h2>{_df_html(tables['overview'])}",
+                "<h3>Generated tokens by step (highlighted: differs from run 1)</h3>",
+                self._aligned_html(tables["tokens_aligned"])]
+        for key in ("attention", "residual", "steering", "sae"):
+            if key in by_section:
+                body.append(f"<h2>{titles[key]}</h2><p class='note'>{notes[key]}</p>" + "".join(by_section[key]))
+        if self.skipped:
+            body.append("<h2>Runs left out</h2><ul>" + "".join(
+                f"<li><code>{html.escape(p)}</code>: {html.escape(r)}</li>" for p, r in self.skipped) + "</ul>")
+        body.append(f"<p class='note'>Tables: <code>{html.escape(files.name)}/</code> ({', '.join(sorted(tables))}"
+                    ".parquet).</p>")
+        doc = PAGE.format(resources=INLINE.render(), script=script, body="\n".join(body),
+                          title=html.escape(f"trajscope report — {len(self.runs)} runs"))
+        try:
+            path.write_text(doc, encoding="utf-8")
+        except OSError as exc:
+            raise TrajscopeError(f"Cannot write the report to '{path}': {exc.strerror or exc}.") from None
+        return path
+
+
+def _df_html(df: pl.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>" for r in df.iter_rows())
+    return f"<div class='scroll'><table><tr>{head}</tr>{rows}</table></div>"
+
+
+def compare(runs: Sequence[Trajectory | str | os.PathLike], skip_bad: bool = False) -> Comparison:
+    """Collect runs (trajectories or run directories) into a :class:`Comparison`.
+
+    Args:
+        runs: what to compare, the first being the reference.
+        skip_bad: leave unreadable run directories out (named in the report) instead of failing.
+    Raises:
+        TrajscopeError: naming the first unreadable run (unless ``skip_bad``).
+    """
+    loaded, skipped = [], []
+    for r in runs:
+        if isinstance(r, Trajectory):
+            loaded.append(r)
+            continue
+        try:
+            loaded.append(Trajectory.load(r))
+        except TrajscopeError as exc:
+            if not skip_bad:
+                raise TrajscopeError(f"Cannot report on '{r}': {exc} (use --skip-bad to leave it out).") from None
+            skipped.append((str(r), str(exc)))
+    return Comparison(loaded, skipped)
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+{resources}
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1200px; }}
+table {{ border-collapse: collapse; font-size: 12px; }} td, th {{ border: 1px solid #ddd; padding: 2px 6px; }}
+td.diff {{ background: #fde2e2; }} .scroll {{ max-height: 420px; overflow: auto; margin-bottom: 8px; }}
+.note {{ color: #555; font-size: 13px; }} h2 {{ border-bottom: 2px solid #1f77b4; padding-bottom: 2px; }}
+</style></head>
+<body><h1>{title}</h1>
+<p class="note">Step 0 is the prefill pass; step s ≥ 1 is the s-th decode pass (query at position P + s − 1).
+Written by trajscope; opens offline.</p>
+{body}
+{script}
+</body></html>
+"""
