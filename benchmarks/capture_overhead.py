@@ -6,7 +6,11 @@ them alike:
 - ``generate``: ``model.generate`` (greedy, KV cache, eager attention), no nnsight;
 - ``capture``: :func:`trajscope.capture` with telemetry only (tokens, attention and
   activations tables for every layer);
-- ``capture+resid``: the same plus residual vectors of all layers kept as tensors.
+- ``capture+resid``: the same plus residual vectors of all layers kept as tensors;
+- ``capture+probe``: telemetry plus an online drift probe scoring every layer at every step;
+- ``capture+sae``: telemetry plus a TopK SAE (16× width, k 32) encoding a middle layer at every
+  position (the shipped SAE for the sample model, a random one for the 124M model), top-16
+  features per position into the ``features`` table.
 
 Models: the shipped sample model and a random GPT-2-small-sized model (124M
 parameters, built from a config, never downloaded). Prints tokens/s and the
@@ -51,7 +55,27 @@ def gpt2_small_dir(tmp: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def run_variant(model: ts.ModelHandle, variant: str, n: int, ids: torch.Tensor) -> float:
+def extras(model: ts.ModelHandle, ids: torch.Tensor) -> dict:
+    """The SAE and drift probe the ``+sae`` / ``+probe`` variants attach."""
+    from trajscope.sae.model import SAE, SAEConfig
+
+    mid = model.n_layers // 2
+    shipped = ts.model.sample_data_dir() / "saes" / "layer3-prefill-only"
+    if model.model_id == "sample" and shipped.exists():
+        sae = SAE.load(shipped)
+    else:
+        sae = SAE(SAEConfig(architecture="topk", d_in=model.d_model, d_sae=16 * model.d_model, k=32,
+                            hook_name=f"blocks.{mid}.hook_resid_post"))
+    prompts = [ids[0].tolist()[: max(4, ids.shape[1] - i)] for i in range(3)]
+    res = []
+    for p in prompts:
+        t = ts.capture(model, p, max_new_tokens=1, residual_layers="all")
+        res.append({layer: t.residual(layer) for layer in range(model.n_layers)})
+    profile = ts.profile.profile_from_residuals(res, fpr=0.05)
+    return {"sae": sae, "probe": ts.DriftProbe(profile)}
+
+
+def run_variant(model: ts.ModelHandle, variant: str, n: int, ids: torch.Tensor, extra: dict) -> float:
     t0 = time.perf_counter()
     if variant == "generate":
         with torch.no_grad():
@@ -59,21 +83,23 @@ def run_variant(model: ts.ModelHandle, variant: str, n: int, ids: torch.Tensor) 
                                                 pad_token_id=model.tokenizer.pad_token_id)
         assert out.shape[1] == ids.shape[1] + n
     else:
-        traj = ts.capture(model, ids[0].tolist(), max_new_tokens=n, stop_at_eos=False,
-                          residual_layers="all" if variant == "capture+resid" else None)
+        kw = {"capture+resid": {"residual_layers": "all"}, "capture+probe": {"probe": extra["probe"]},
+              "capture+sae": {"sae": extra["sae"]}}.get(variant, {})
+        traj = ts.capture(model, ids[0].tolist(), max_new_tokens=n, stop_at_eos=False, **kw)
         assert traj.meta["n_generated"] == n
     return time.perf_counter() - t0
 
 
 def bench(model: ts.ModelHandle, n: int, reps: int) -> dict:
     ids = model.tokenizer(PROMPT, return_tensors="pt")["input_ids"]
-    variants = ("generate", "capture", "capture+resid")
+    variants = ("generate", "capture", "capture+resid", "capture+probe", "capture+sae")
+    extra = extras(model, ids)
     for v in variants:  # warm-up
-        run_variant(model, v, 4, ids)
+        run_variant(model, v, 4, ids, extra)
     times = {v: [] for v in variants}
     for _ in range(reps):
         for v in variants:
-            times[v].append(run_variant(model, v, n, ids))
+            times[v].append(run_variant(model, v, n, ids, extra))
     base = statistics.median(times["generate"])
     return {v: {"median_s": statistics.median(t), "tokens_per_s": n / statistics.median(t),
                 "ratio": statistics.median(t) / base, "times_s": t} for v, t in times.items()}

@@ -118,12 +118,13 @@ def step_record(step, first_pos, P, consumed, attn_rows, resid, logits, prev_lp,
         P: prompt length; consumed: ``[q]`` ids fed to this step.
         attn_rows: per layer ``[H, q, k]``; resid: per layer ``[q, d_model]``; logits: ``[q, vocab]``.
         prev_lp: ``[vocab]`` log-probabilities of the previous step's last row (None at step 0).
-        opts: ``(residual_layers, attention_layers, top_k_keys, top_k_tokens)``.
+        opts: ``(residual_layers, attention_layers, top_k_keys, top_k_tokens, probe, sae)``; ``sae`` is
+            None or ``(layer, encode)`` with ``encode([q, d]) -> dict of [q, …] tensors``.
     Returns:
         The record dict that :func:`trajscope.trajectory.build_tables` consumes; its
         ``"last_lp"`` entry is the ``[vocab]`` log-probabilities of this step's last row.
     """
-    res_layers, row_layers, top_k_keys, top_k_tokens, probe = opts
+    res_layers, row_layers, top_k_keys, top_k_tokens, probe, sae = opts
     q = consumed.shape[0]
     if q == 1:
         a_stats = attention_stats(torch.stack(attn_rows), P, first_pos, top_k_keys)
@@ -146,6 +147,7 @@ def step_record(step, first_pos, P, consumed, attn_rows, resid, logits, prev_lp,
         "rows": {layer: attn_rows[layer].detach().clone() for layer in row_layers},
         "last_lp": lp[-1],
         "probe": probe_scores(resid, probe, step, t_stats["entropy"][-1]) if probe is not None else None,
+        "sae": sae[1](resid[sae[0]]) if sae is not None else None,
     }
 
 

@@ -131,6 +131,8 @@ def capture(
     attention_layers: LayerSpec = None,
     steering: Sequence[SteeringVector] = (),
     probe: Any = None,
+    sae: Any = None,
+    sae_top_k: int = 16,
     on_step: Callable[[StepEvent], None] | None = None,
     cancel: Any = None,
     run_id: str | None = None,
@@ -155,6 +157,9 @@ def capture(
             directions are kept as tensors ``steering.{i}``).
         probe: a :class:`~trajscope.profile.DriftProbe`; scored decode steps go to the
             ``probe`` table and ``meta["probe"]`` (the profile must match the model).
+        sae: a :class:`~trajscope.sae.model.SAE` for the layer in its config (``hook_name``); every
+            position's top ``sae_top_k`` features go to the ``features`` table, and ``sae_l0`` /
+            ``sae_rel_err`` (‖x − x̂‖² ÷ ‖x‖²) / ``sae_cos`` columns are added to ``tokens``.
         on_step: called with a :class:`StepEvent` as each step finishes (locally
             while generating; for NDIF, after the results come back).
         cancel: a ``threading.Event`` (or a callable returning bool); when set,
@@ -192,6 +197,7 @@ def capture(
         probe_spec = probe.spec()
         _layers(probe_spec[0], model.n_layers, "probe layers")
     row_layers = _layers(attention_layers, model.n_layers, "attention_layers")
+    sae_spec = _sae_spec(model, sae, sae_top_k)
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     sampling = {"do_sample": temperature > 0, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                 "seed": seed, "max_new_tokens": max_new_tokens, "stop_at_eos": stop_at_eos}
@@ -203,6 +209,8 @@ def capture(
         "top_k_keys": top_k_keys, "top_k_tokens": top_k_tokens,
         "steering": [v.to_dict() for v in steering],
         "probe": probe.to_dict() if probe is not None else None,
+        "sae": None if sae is None else {"layer": sae_spec[0], "top_k": sae_top_k, "d_sae": sae.cfg.d_sae,
+                                         "architecture": sae.cfg.architecture, "hook_name": sae.cfg.hook_name},
     }
     gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "logits_to_keep": 0,
                                   "pad_token_id": model.tokenizer.pad_token_id}
@@ -240,7 +248,7 @@ def capture(
         warnings.filterwarnings("ignore", message=".*was never reached.*")
         try:
             result = _run_trace(model, ids, gen_kwargs, records, state, (res_layers, row_layers, top_k_keys,
-                                top_k_tokens, probe_spec), steer, emit, max_new_tokens)
+                                top_k_tokens, probe_spec, sae_spec), steer, emit, max_new_tokens)
         except KeyboardInterrupt:
             result, stop_reason = None, "interrupted"
     if result is not None and result[1] is not records:  # remote: the server's copies came back
@@ -257,6 +265,9 @@ def capture(
             stop_reason = "max_new_tokens"
     traj = _assemble(model, meta, records, final_ids, state, res_layers, row_layers, stop_reason)
     traj.tensors.update({f"steering.{i}": v.direction for i, v in enumerate(steering)})
+    if sae_spec is not None:
+        traj.features, traj.tokens = _feature_tables(traj, records, sae_spec[0],
+                                                     f"{sae.cfg.architecture}{sae.cfg.d_sae}-L{sae_spec[0]}")
     if probe_spec is not None:
         traj.probe = _probe_table(traj, records, probe_spec)
         traj.meta["probe"].update(n_probed=traj.probe["step"].n_unique(),
@@ -338,6 +349,52 @@ def capture_many(model: ModelHandle, prompts: Iterable[str], **kwargs: Any) -> I
     """Capture each prompt in turn (a generator, so callers can save as they go)."""
     for prompt in prompts:
         yield capture(model, prompt, **kwargs)
+
+
+def _sae_spec(model: ModelHandle, sae: Any, k: int) -> tuple | None:
+    """``(layer, encode)`` for the capture loop, after checking the SAE fits the model."""
+    if sae is None:
+        return None
+    from trajscope.sae.model import sae_features
+
+    layer = sae.cfg.layer
+    if layer is None:
+        raise TrajscopeError("The SAE's config names no layer (hook_name); trajscope cannot tell where to apply it.")
+    if not 0 <= layer < model.n_layers:
+        raise TrajscopeError(f"The SAE reads layer {layer} but the model has layers 0..{model.n_layers - 1}.")
+    sae.check_input(torch.zeros(1, model.d_model), layer)
+    if model.remote is True:
+        raise TrajscopeError("Attaching an SAE to a remote (NDIF) capture is not supported yet; capture residuals "
+                             "with residual_layers and encode them locally.")
+    return (layer, functools.partial(sae_features, sae, k=k))
+
+
+def _feature_tables(traj: Trajectory, records: list[dict], layer: int, sae_name: str):
+    """The ``features`` table (position × top-k active feature) and ``tokens`` with SAE columns."""
+    import polars as pl
+
+    outs = [r["sae"] for r in records]
+    if not outs:
+        return pl.DataFrame(), traj.tokens
+    feat = torch.cat([o["feature"] for o in outs]).cpu()
+    val = torch.cat([o["value"] for o in outs]).cpu()
+    n, k = feat.shape
+    pos = torch.arange(n).unsqueeze(1).expand(n, k)
+    keep = val > 0
+    P = traj.prompt_len
+    features = pl.DataFrame({"pos": pos[keep].numpy().astype("int32"), "feature": feat[keep].numpy(),
+                             "value": val[keep].numpy()}).with_columns(
+        pl.lit(traj.run_id).alias("run_id"), (pl.col("pos") - P + 1).clip(lower_bound=0).cast(pl.Int32).alias("step"),
+        pl.when(pl.col("pos") < P).then(pl.lit("prefill")).otherwise(pl.lit("decode")).alias("phase"),
+        pl.lit(layer).cast(pl.Int16).alias("layer"), pl.lit(sae_name).alias("sae"),
+    ).select("run_id", "pos", "step", "phase", "layer", "sae", "feature", "value")
+    sq_err = torch.cat([o["sq_err"] for o in outs]).cpu()
+    sq_norm = torch.cat([o["sq_norm"] for o in outs]).cpu()
+    per_pos = pl.DataFrame({"pos": list(range(n)), "sae_l0": torch.cat([o["l0"] for o in outs]).cpu().numpy(),
+                            "sae_rel_err": (sq_err / sq_norm.clamp_min(1e-12)).numpy(),
+                            "sae_cos": torch.cat([o["cos"] for o in outs]).cpu().numpy()},
+                           schema_overrides={"pos": pl.Int32})
+    return features, traj.tokens.join(per_pos, on="pos", how="left")
 
 
 def _probe_table(traj: Trajectory, records: list[dict], spec: tuple):

@@ -113,3 +113,24 @@ def test_steering_view_runs_off_the_event_loop(llama, tmp_path):
     while view.settings.busy:
         time.sleep(0.05)
     assert "No contrast-pair file" in view.settings.status
+
+
+def test_features_view_follows_the_step(sample_model, tmp_path):
+    from trajscope.ui.views.features import SAMPLE_SAE, FeaturesView, comparison_table, encode_run, top_features_plot
+
+    traj = ts.capture(sample_model, "def fibonacci(n):\n    ", max_new_tokens=10, residual_layers=[3])
+    state = AppState()
+    state.set_trajectory(traj, step=0)
+    view = FeaturesView(state=state)
+    enc = view._enc
+    assert enc is not None and enc["f"].shape[0] == traj.residual(3).shape[0]
+    P = traj.prompt_len
+    at = {s: sorted(top_features_plot(enc["features"], P + s - 1, s).dimension_values("feature")) for s in (3, 7)}
+    assert at[3] != at[7]
+    table = comparison_table(enc, P)
+    assert table["positions"].to_list() == ["prefill (pos ≥ 1)", "decode"] and "jaccard_top64" in table.columns
+    state.set_trajectory(ts.capture(sample_model, "x = 1", max_new_tokens=3), step=0)
+    assert view._enc is None and "not kept" in view.message
+    view.sae_path = str(tmp_path)
+    assert "cfg.json" in view.message or "SAE" in view.message
+    assert SAMPLE_SAE.exists()

@@ -25,6 +25,7 @@ from trajscope.ui.views.analysis import DriftView, SteeringView
 from trajscope.ui.views.attention import AttentionView
 from trajscope.ui.views.controls import Controls
 from trajscope.ui.views.export import ExportView
+from trajscope.ui.views.features import FeaturesView
 from trajscope.ui.views.player import StepPlayer
 from trajscope.ui.views.telemetry import TelemetryView
 from trajscope.ui.views.tokens import TokenStrip
@@ -69,6 +70,7 @@ class TrajScope(StateView):
         self.attention = AttentionView(state=self.state)
         self.telemetry = TelemetryView(state=self.state)
         self.export = ExportView(state=self.state)
+        self.features = FeaturesView(state=self.state)
         self.drift = DriftView(state=self.state)
         self.steering = SteeringView(state=self.state)
         self.state.param.watch(self._notify, "error")
@@ -88,7 +90,7 @@ class TrajScope(StateView):
         return pn.Column(self.controls, pn.layout.Divider(), "### Export", self.export, sizing_mode="stretch_width")
 
     def main(self) -> pn.Column:
-        """Player, tokens, attention, telemetry, drift, steering."""
+        """Player, tokens, attention, telemetry, SAE features, drift, steering."""
         card = dict(sizing_mode="stretch_width", collapsible=False, margin=(5, 5))
         return pn.Column(
             pn.pane.Markdown(INTRO, margin=(0, 10)),
@@ -96,6 +98,7 @@ class TrajScope(StateView):
             pn.Card(self.tokens, title="Tokens", **card),
             pn.Card(self.attention, title="Attention at the current step", **card),
             pn.Card(self.telemetry, title="Telemetry over steps", **card),
+            pn.Card(self.features, title="SAE features", **card),
             pn.Card(self.drift, title="Drift versus the prefill profile", **card),
             pn.Card(self.steering, title="Steering from a chosen decode step", **card),
             sizing_mode="stretch_width")
