@@ -178,9 +178,9 @@ class SteeringView(StateView):
 
     def __panel__(self):
         s = self.settings
-        steer_btn = pn.widgets.Button(name="Steer", button_type="primary", width=90)
-        sweep_btn = pn.widgets.Button(name="Depth sweep", width=110)
-        stop_btn = pn.widgets.Button(name="Stop", button_type="danger", width=70)
+        steer_btn = pn.widgets.Button(label="Steer", button_type="primary", width=90)
+        sweep_btn = pn.widgets.Button(label="Depth sweep", width=110)
+        stop_btn = pn.widgets.Button(label="Stop", button_type="danger", width=70)
         steer_btn.on_click(self.steer)
         sweep_btn.on_click(self.sweep)
         stop_btn.on_click(self.stop)
