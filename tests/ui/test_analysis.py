@@ -60,6 +60,11 @@ def test_drift_plots_carry_the_scores(llama, profile_path):
     curves = ap.drift_curves(drift, view.settings.thresholds, traj.prompt_len)
     hlines = [el for el in curves if el.__class__.__name__ == "HLine"]
     assert sorted(h.data for h in hlines) == sorted(view.settings.thresholds.values())
+    # flags on the token strip: a per-token colouring metric
+    flags = traj.tokens.sort("pos")["drift_flagged_layers"].to_list()
+    want = drift.group_by("pos").agg(pl.col("flagged").sum()).sort("pos")["flagged"].to_list()
+    assert flags[: len(want)] == want
+    assert "drift_flagged_layers" in view.state.param.token_metric.objects.values()
 
 
 def test_aligned_continuations_marks_first_divergence():

@@ -2,7 +2,8 @@
 
 :class:`DriftView` shows, for the run on screen, the residual drift score of every
 position and layer against a prefill reference profile (heatmap and per-layer
-curves with calibrated thresholds). The per-dimension Gaussian KL behind the
+curves with calibrated thresholds), and adds ``drift_flagged_layers`` and
+``drift_score_max`` to the run's tokens so the token strip can be coloured by them. The per-dimension Gaussian KL behind the
 batch report is a triage proxy, and the view says so.
 
 :class:`SteeringView` builds a CAA vector from contrast pairs, steers the current
@@ -42,7 +43,21 @@ class DriftView(StateView):
         self._recompute()
 
     def _recompute(self, *_) -> None:
-        self.settings.compute(self.state.trajectory)
+        """Score the run; put per-token flags on the token strip (``drift_flagged_layers``, ``drift_score_max``)."""
+        import polars as pl
+
+        from trajscope.ui.state import token_metric_choices
+
+        traj = self.state.trajectory
+        self.settings.compute(traj)
+        drift = self.settings.drift
+        if traj is None or drift is None:
+            return
+        per = drift.group_by("pos").agg(pl.col("score").max().alias("drift_score_max"),
+                                        pl.col("flagged").sum().cast(pl.Int32).alias("drift_flagged_layers"))
+        traj.tokens = traj.tokens.drop("drift_score_max", "drift_flagged_layers", strict=False).join(
+            per, on="pos", how="left")
+        self.state.param.token_metric.objects = token_metric_choices(traj.tokens)
 
     def _plots(self, drift, message):
         st = self.state
