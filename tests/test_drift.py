@@ -12,7 +12,8 @@ import torch
 from scipy.spatial import distance
 
 import trajscope as ts
-from trajscope.metrics.residual_drift import depth_band, drift_by_group, drift_table, gaussian_kl
+from trajscope.metrics.bands import depth_band_expr
+from trajscope.metrics.residual_drift import drift_by_group, drift_table, gaussian_kl
 from trajscope.profile import DriftProbe, ReferenceProfile, build_profile, profile_from_residuals
 
 WORDS = ["def", "x", "=", "(", ")", "return", "if", "for", "in", "self", ":", "1", "'a'", "None", "import", "os"]
@@ -120,12 +121,14 @@ def test_drift_by_group_bands(tiny_models, profile):
     trajs = [ts.capture(tiny_models["llama"], p, max_new_tokens=12, stop_at_eos=False, residual_layers="all")
              for p in random_prompts(3, seed=5)]
     g = drift_by_group(trajs, profile)
-    assert g["depth_band"].unique(maintain_order=True).to_list() == ["prefill", "1", "2-8", "9-50"]
-    assert g.filter(pl.col("depth_band") == "1")["kl_sum"].null_count() == 2  # 3 positions < 8: no KL
+    assert g["depth_band"].unique(maintain_order=True).to_list() == ["prefill", "1-4", "5-16"]
+    assert g.filter(pl.col("depth_band") == "1-4")["kl_sum"].null_count() == 0  # 12 positions
+    few = drift_by_group(trajs[:1], profile)
+    assert few.filter(pl.col("depth_band") == "1-4")["kl_sum"].null_count() == 2  # 4 positions < 8: no KL
     assert g.filter(pl.col("depth_band") == "prefill")["kl_sum"].null_count() == 0
-    steps = pl.DataFrame({"step": [0, 1, 2, 8, 9, 50, 51, 200, 201]})
-    assert steps.select(depth_band(pl.col("step")).alias("band"))["band"].to_list() == [
-        "prefill", "1", "2-8", "2-8", "9-50", "9-50", "51-200", "51-200", "201+"]
+    steps = pl.DataFrame({"step": [0, 1, 4, 5, 16, 17, 64, 65, 256, 257]})
+    assert steps.select(depth_band_expr(pl.col("step")).alias("band"))["band"].to_list() == [
+        "prefill", "1-4", "1-4", "5-16", "5-16", "17-64", "17-64", "65-256", "65-256", "257+"]
 
 
 def test_profile_and_drift_cli(tiny_dirs, tmp_path, capsys):
@@ -143,7 +146,7 @@ def test_profile_and_drift_cli(tiny_dirs, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "by layer x decode depth" in out
     by_depth = pl.read_parquet(tmp_path / "drift" / "by_depth.parquet")
-    assert set(by_depth["depth_band"]) == {"prefill", "1", "2-8", "9-50"} and set(by_depth["layer"]) == {0, 1}
+    assert set(by_depth["depth_band"]) == {"prefill", "1-4", "5-16"} and set(by_depth["layer"]) == {0, 1}
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     other = str(tiny_dirs["gpt2"])

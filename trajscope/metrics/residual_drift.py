@@ -10,7 +10,7 @@ Per position and layer (:func:`drift_table`):
 - ``cosine_centroid``: cosine similarity to the prefill mean vector.
 
 Per group of positions (:func:`drift_by_group`: decode-depth band or
-next-token-entropy band) and layer: the means of those, the flagged fraction,
+next-token-entropy band, as :mod:`trajscope.metrics.bands` defines them) and layer: the means of those, the flagged fraction,
 and the **per-dimension Gaussian KL** KL(N(μ_g, σ_g²) ‖ N(μ_ref, σ_ref²)) summed
 over dimensions plus its top dimensions. That KL fits each dimension separately:
 it is a triage proxy for where to look, not a claim about the joint geometry.
@@ -24,25 +24,8 @@ import numpy as np
 import polars as pl
 import torch
 
+from trajscope.metrics.bands import DEPTH_ORDER, ENTROPY_ORDER, depth_band_expr, entropy_band_expr
 from trajscope.profile import SCALAR_STATS, ReferenceProfile, position_stats
-
-DEPTH_BANDS = ((0, 0, "prefill"), (1, 1, "1"), (2, 8, "2-8"), (9, 50, "9-50"), (51, 200, "51-200"),
-               (201, 10**9, "201+"))
-ENTROPY_EDGES = (0.5, 1.5, 3.0)  # nats
-ENTROPY_LABELS = ("<0.5", "0.5-1.5", "1.5-3", ">=3")
-
-
-def depth_band(step: pl.Expr) -> pl.Expr:
-    """Label a step with its decode-depth band (``prefill``, ``1``, ``2-8``, ``9-50``, ``51-200``, ``201+``)."""
-    expr = pl.lit(None, dtype=pl.String)
-    for lo, hi, name in reversed(DEPTH_BANDS):
-        expr = pl.when(step.is_between(lo, hi)).then(pl.lit(name)).otherwise(expr)
-    return expr
-
-
-def entropy_band(entropy: pl.Expr) -> pl.Expr:
-    """Label a next-token entropy (nats) with its band (``<0.5``, ``0.5-1.5``, ``1.5-3``, ``>=3``)."""
-    return entropy.cut(list(ENTROPY_EDGES), labels=list(ENTROPY_LABELS), left_closed=True).cast(pl.String)
 
 
 def drift_table(traj, profile: ReferenceProfile, layers: Sequence[int] | None = None) -> pl.DataFrame:
@@ -76,8 +59,8 @@ def drift_table(traj, profile: ReferenceProfile, layers: Sequence[int] | None = 
         }))
     tok = traj.tokens.select("pos", "step", "phase", "entropy")
     return (pl.concat(parts).join(tok, on="pos", how="left")
-            .with_columns(pl.lit(traj.run_id).alias("run_id"), depth_band(pl.col("step")).alias("depth_band"),
-                          entropy_band(pl.col("entropy")).alias("entropy_band"))
+            .with_columns(pl.lit(traj.run_id).alias("run_id"), depth_band_expr(pl.col("step")).alias("depth_band"),
+                          entropy_band_expr(pl.col("entropy")).alias("entropy_band"))
             .select("run_id", "pos", "step", "phase", "layer", "score", "flagged", "mean_shift", "var_ratio",
                     "kurtosis", "outlier_rate", "cosine_centroid", "depth_band", "entropy_band"))
 
@@ -134,7 +117,7 @@ def drift_by_group(trajs: Sequence, profile: ReferenceProfile, by: str = "depth_
                         "top_dims_kl": top.values.tolist()})
     kl_df = pl.DataFrame(kl_rows, schema={by: pl.String, "layer": pl.Int16, "kl_sum": pl.Float64,
                                           "top_dims": pl.List(pl.Int64), "top_dims_kl": pl.List(pl.Float64)})
-    order = [b[2] for b in DEPTH_BANDS] if by == "depth_band" else list(ENTROPY_LABELS)
+    order = list(DEPTH_ORDER) if by == "depth_band" else list(ENTROPY_ORDER)
     return (agg.join(kl_df, on=[by, "layer"], how="left")
             .with_columns(pl.col(by).replace_strict({g: i for i, g in enumerate(order)}, default=99).alias("_o"))
             .sort("_o", "layer").drop("_o"))

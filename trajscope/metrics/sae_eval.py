@@ -27,39 +27,14 @@ decode band is compared with prefill positions of the same entropy.
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, Sequence
 
 import polars as pl
 import torch
 
-DEPTH_STEPS = (1, 8, 50, 200)
-DEPTH_BANDS = ((1, 4), (5, 16), (17, 64), (65, 256), (257, None))
-ENTROPY_EDGES = (0.5, 1.5, 3.0)
+from trajscope.metrics.bands import DEPTH_BANDS, DEPTH_STEPS, ENTROPY_EDGES, depth_band, entropy_band  # noqa: F401
+
 EARLY_POS = 16  # prefill positions before this are reported apart (attention-sink region)
-
-
-def depth_band(step: int | None) -> str | None:
-    """Label of a step's depth band: ``"prefill"`` for 0, else ``"1-4"``, ``"5-16"``, …, ``"257+"``."""
-    if step is None:
-        return None
-    if step == 0:
-        return "prefill"
-    for lo, hi in DEPTH_BANDS:
-        if step >= lo and (hi is None or step <= hi):
-            return f"{lo}-{hi}" if hi is not None else f"{lo}+"
-    return None
-
-
-def entropy_band(h: float | None) -> str | None:
-    """Label of a next-token entropy (nats): ``"0-0.5"``, ``"0.5-1.5"``, ``"1.5-3"``, ``"3+"``."""
-    if h is None or (isinstance(h, float) and math.isnan(h)):
-        return None
-    edges = (0.0, *ENTROPY_EDGES)
-    for lo, hi in zip(edges, edges[1:]):
-        if h < hi:
-            return f"{lo:g}-{hi:g}"
-    return f"{edges[-1]:g}+"
 
 
 def feature_density(f: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,56 @@
+"""Decode-depth and next-token-entropy bands: one definition for every report.
+
+Depth bands group decode steps on a ×4 scale, ``prefill`` (step 0), ``1-4``,
+``5-16``, ``17-64``, ``65-256``, ``257+``, with single steps 1, 8, 50 and 200
+reported on their own where a table has room. Entropy bands cut the next-token
+entropy (nats) at 0.5, 1.5 and 3: ``0-0.5``, ``0.5-1.5``, ``1.5-3``, ``3+``.
+Scalar functions label one value; the ``*_expr`` versions label a Polars column.
+"""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+DEPTH_STEPS = (1, 8, 50, 200)
+DEPTH_BANDS = ((1, 4), (5, 16), (17, 64), (65, 256), (257, None))
+ENTROPY_EDGES = (0.5, 1.5, 3.0)
+DEPTH_ORDER = ("prefill",) + tuple(f"{lo}-{hi}" if hi is not None else f"{lo}+" for lo, hi in DEPTH_BANDS)
+ENTROPY_ORDER = tuple(f"{lo:g}-{hi:g}" for lo, hi in zip((0.0, *ENTROPY_EDGES), ENTROPY_EDGES)) + (f"{ENTROPY_EDGES[-1]:g}+",)
+
+
+def depth_band(step: int | None) -> str | None:
+    """Label of a step's depth band: ``"prefill"`` for 0, else ``"1-4"``, ``"5-16"``, …, ``"257+"``."""
+    if step is None:
+        return None
+    if step == 0:
+        return "prefill"
+    for (lo, hi), name in zip(DEPTH_BANDS, DEPTH_ORDER[1:]):
+        if step >= lo and (hi is None or step <= hi):
+            return name
+    return None
+
+
+def entropy_band(h: float | None) -> str | None:
+    """Label of a next-token entropy (nats): ``"0-0.5"``, ``"0.5-1.5"``, ``"1.5-3"``, ``"3+"``."""
+    if h is None or (isinstance(h, float) and math.isnan(h)):
+        return None
+    for hi, name in zip(ENTROPY_EDGES, ENTROPY_ORDER):
+        if h < hi:
+            return name
+    return ENTROPY_ORDER[-1]
+
+
+def depth_band_expr(step: pl.Expr) -> pl.Expr:
+    """:func:`depth_band` of a Polars column of steps."""
+    expr = pl.when(step == 0).then(pl.lit("prefill"))
+    for (lo, hi), name in zip(DEPTH_BANDS, DEPTH_ORDER[1:]):
+        cond = step >= lo if hi is None else step.is_between(lo, hi)
+        expr = expr.when(cond).then(pl.lit(name))
+    return expr.otherwise(pl.lit(None, dtype=pl.String))
+
+
+def entropy_band_expr(entropy: pl.Expr) -> pl.Expr:
+    """:func:`entropy_band` of a Polars column of entropies (nats); null stays null."""
+    return entropy.cut(list(ENTROPY_EDGES), labels=list(ENTROPY_ORDER), left_closed=True).cast(pl.String)
