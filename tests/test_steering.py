@@ -155,3 +155,12 @@ def test_vector_files_round_trip(tmp_path):
         SteeringVector.load(tmp_path / "v.npy")
     with pytest.raises(ts.TrajscopeError, match="non-zero"):
         SteeringVector(layer=0, direction=torch.zeros(4))
+
+
+def test_sae_decoder_direction():
+    sae = ts.SAE.load("sample_data/saes/layer3-prefill-only")
+    vec = SteeringVector.from_sae(sae, 17, layer=3, strength=2.0, start_step=5)
+    torch.testing.assert_close(vec.direction, sae.W_dec[17].detach().float())
+    assert (vec.layer, vec.strength, vec.start_step, vec.name) == (3, 2.0, 5, "sae-17")
+    with pytest.raises(ts.TrajscopeError, match="out of range"):
+        SteeringVector.from_sae(sae, 10_000, layer=3)
