@@ -87,3 +87,15 @@ def test_report_tables_and_skip_bad(runs, tmp_path, capsys):
     assert (tmp_path / "r_files" / "tokens_aligned.parquet").exists()
     assert main(["report", str(bad), "-o", str(tmp_path / "r2.html")]) == 2
     assert "bad" in capsys.readouterr().err
+
+
+def test_report_of_many_runs_summarises(tiny_models, tmp_path):
+    from trajscope.report import MAX_ALIGNED_RUNS, MAX_CURVES
+
+    model = tiny_models["gpt2"]
+    many = [ts.capture(model, f"x = {i}", max_new_tokens=3, stop_at_eos=False, run_id=f"m{i:02d}")
+            for i in range(MAX_CURVES + 1)]
+    comp = compare(many)
+    assert len(comp.tables()["tokens_aligned"].columns) == 1 + MAX_ALIGNED_RUNS
+    text = comp.save(tmp_path / "many.html").read_text()
+    assert f"mean of {MAX_CURVES + 1} runs" in text and f"the first {MAX_ALIGNED_RUNS} of {MAX_CURVES + 1} runs" in text

@@ -30,6 +30,8 @@ from trajscope.errors import TrajscopeError
 from trajscope.trajectory import Trajectory, parquet_metadata
 
 MAX_ALIGNED_STEPS = 300
+MAX_CURVES = 12  # beyond this many runs, plots show the mean and the 10–90% range across runs
+MAX_ALIGNED_RUNS = 12
 
 
 def _label(traj: Trajectory, i: int) -> str:
@@ -104,6 +106,14 @@ def _curves(df: pl.DataFrame, y: str, title: str, ylabel: str, order: Sequence[s
     from trajscope.ui.analysis_plots import LAYER_COLORS
 
     items = []
+    if len(order) > MAX_CURVES:
+        agg = df.group_by("step").agg(pl.col(y).mean().alias("m"), pl.col(y).quantile(0.1).alias("lo"),
+                                      pl.col(y).quantile(0.9).alias("hi")).sort("step")
+        x = agg["step"].to_numpy()
+        items.append(hv.Area((x, agg["lo"].to_numpy(), agg["hi"].to_numpy()), "step", [y, "hi"],
+                             label="10–90% of runs").opts(color="#1f77b4", alpha=0.2, line_alpha=0))
+        items.append(hv.Curve((x, agg["m"].to_numpy()), "step", y, label=f"mean of {len(order)} runs").opts(color="#1f77b4"))
+        order = []
     for i, rid in enumerate(order):
         sub = df.filter(pl.col("run_id") == rid).sort("step")
         if sub.is_empty():
@@ -132,7 +142,7 @@ class Comparison:
 
     def tables(self) -> dict[str, pl.DataFrame]:
         """Every table the report shows, by file name."""
-        out = {"overview": overview_table(self.runs), "tokens_aligned": aligned_tokens(self.runs),
+        out = {"overview": overview_table(self.runs), "tokens_aligned": aligned_tokens(self.runs[:MAX_ALIGNED_RUNS]),
                "attention_by_step": telemetry_by_step(self.runs), "residual_by_step": residual_by_step(self.runs)}
         probes = [t.probe for t in self.runs if t.probe is not None]
         if probes:
@@ -208,7 +218,9 @@ class Comparison:
                  "residual": "Decode positions only; 1.0 / 0.0 mean 'as during prefill'.",
                  "steering": "", "sae": ""}
         body = [f"<h2>Overview</h2>{_df_html(tables['overview'])}",
-                "<h3>Generated tokens by step (highlighted: differs from run 1)</h3>",
+                "<h3>Generated tokens by step (highlighted: differs from run 1)"
+                + (f" — the first {MAX_ALIGNED_RUNS} of {len(self.runs)} runs" if len(self.runs) > MAX_ALIGNED_RUNS else "")
+                + "</h3>",
                 self._aligned_html(tables["tokens_aligned"])]
         for key in ("attention", "residual", "steering", "sae"):
             if key in by_section:
