@@ -6,7 +6,7 @@ The page is captured at a 1600-pixel width after moving to a mid-decode step
 so that every cursor is visible. Needs Chromium at ``/usr/bin/chromium``
 (Debian package ``chromium``) and Playwright for Python.
 
-A second picture, ``<out>-analysis.png``, shows the Drift and Steering cards after
+A second picture, ``<out>-analysis.png``, shows the SAE features, Drift and Steering cards after
 steering the demo prompt from step 10.
 
 Usage: ``python scripts/screenshot.py [--out assets/screenshot.png] [--step 20]``
@@ -84,7 +84,7 @@ def main() -> None:
                 while (app.steering.settings.busy or app.steering.settings.steered is None) and time.time() < deadline:
                     time.sleep(0.3)
                 time.sleep(3)
-                page.get_by_text("Drift versus the prefill profile").scroll_into_view_if_needed()
+                page.get_by_text("SAE features", exact=True).scroll_into_view_if_needed()
                 page.evaluate("() => { const m = document.querySelector('#main'); if (m) m.scrollBy(0, -10); }")
                 time.sleep(2)
                 second = out.with_name(out.stem + "-analysis.png")

@@ -133,7 +133,8 @@ def test_features_view_follows_the_step(sample_model, tmp_path):
     at = {s: sorted(top_features_plot(enc["features"], P + s - 1, s).dimension_values("feature")) for s in (3, 7)}
     assert at[3] != at[7]
     table = comparison_table(enc, P)
-    assert table["positions"].to_list() == ["prefill (pos ≥ 1)", "decode"] and "jaccard_top64" in table.columns
+    assert table["positions"].to_list() == ["prefill (pos ≥ 1)", "decode", "prefill vs decode overlap"]
+    assert table["jaccard_top64"].null_count() == 2 and 0 <= table["jaccard_top64"][2] <= 1
     state.set_trajectory(ts.capture(sample_model, "x = 1", max_new_tokens=3), step=0)
     assert view._enc is None and "not kept" in view.message
     view.sae_path = str(tmp_path)

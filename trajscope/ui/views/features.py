@@ -52,16 +52,16 @@ def top_features_plot(features: pl.DataFrame, pos: int, step: int) -> hv.Bars:
     """Bars of the active features at ``pos`` (the current step's query)."""
     sub = features.filter(pl.col("pos") == pos).sort("value", descending=True).head(16)
     return hv.Bars([(str(f), v) for f, v in zip(sub["feature"], sub["value"])], "feature", "activation").opts(
-        responsive=True, height=240, color="#1f77b4", tools=["hover"], xrotation=45,
+        responsive=True, height=240, color="#1f77b4", tools=["hover"], xrotation=45, shared_axes=False,
         title=f"Top SAE features at step {step} (query pos {pos})")
 
 
-def timeline_plot(features: pl.DataFrame, prompt_len: int, n_features: int = 30) -> hv.Overlay:
+def timeline_plot(features: pl.DataFrame, prompt_len: int, n_features: int = 20) -> hv.Overlay:
     """Heatmap feature × position of the ``n_features`` most frequently active features."""
     top = features.group_by("feature").len().sort("len", descending=True).head(n_features)["feature"]
     sub = features.filter(pl.col("feature").is_in(top.implode())).with_columns(pl.col("feature").cast(pl.String))
     hm = hv.HeatMap(sub.select("pos", "feature", "value").to_pandas(), ["pos", "feature"], "value").opts(
-        cmap="magma", colorbar=True, responsive=True, height=320, tools=["hover"], xlabel="position",
+        cmap="magma", colorbar=True, responsive=True, height=380, tools=["hover"], xlabel="position", shared_axes=False,
         ylabel="feature", title=f"Feature timeline — the {len(top)} most frequent features (dashed: decode starts)")
     return hm * hv.VLine(prompt_len - 0.5).opts(color="white", line_dash="dashed")
 
@@ -76,12 +76,12 @@ def error_plot(rel_err: np.ndarray, prompt_len: int, pos: int) -> hv.Overlay:
     return (band * hv.HLine(m).opts(color="#2ca02c", line_dash="dashed") * curve
             * hv.VLine(prompt_len - 0.5).opts(color="#6c757d", line_dash="dashed")
             * hv.VLine(pos).opts(color=CURSOR_COLOR)).opts(
-        responsive=True, height=240, ylabel="‖x − x̂‖² ÷ ‖x‖²",
+        responsive=True, height=240, ylabel="‖x − x̂‖² ÷ ‖x‖²", xlabel="position", shared_axes=False,
         title="SAE reconstruction error by position (green: prefill mean ± s.d.)")
 
 
 def comparison_table(enc: dict, prompt_len: int) -> pl.DataFrame:
-    """Prefill vs decode: FVU (centred), L0 and error, plus top-64 frequency overlap."""
+    """Prefill vs decode: FVU (centred), L0 and cosine per phase, then one row of feature-frequency overlap."""
     from trajscope.metrics.overlap import overlap_summary
     from trajscope.metrics.sae_eval import reconstruction_stats
 
@@ -97,8 +97,12 @@ def comparison_table(enc: dict, prompt_len: int) -> pl.DataFrame:
     out = pl.DataFrame(rows)
     if len(rows) == 2:
         ov = overlap_summary(enc["f"][1:prompt_len], enc["f"][prompt_len:], k=64)
-        out = out.with_columns(pl.lit(ov.get("jaccard_topk")).alias("jaccard_top64"),
-                               pl.lit(ov.get("spearman")).alias("spearman_freq"))
+        out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias("jaccard_top64"),
+                               pl.lit(None, dtype=pl.Float64).alias("spearman_freq"))
+        out = pl.concat([out, pl.DataFrame({"positions": ["prefill vs decode overlap"], "n": [None],
+                                            "fvu": [None], "l0": [None], "cos": [None],
+                                            "jaccard_top64": [ov.get("jaccard_topk")],
+                                            "spearman_freq": [ov.get("spearman")]})], how="vertical_relaxed")
     return out
 
 
