@@ -35,11 +35,14 @@ def _layers(text: str | None) -> Any:
         raise TrajscopeError(f"Layers must be 'all', 'none' or comma-separated indices like 0,3,5; got '{text}'.") from None
 
 
-def read_prompts(path: str) -> list[dict]:
-    """Prompts from a JSON-lines file: each line ``{"prompt": ..., "id": ...}`` or a JSON string."""
+def read_jsonl(path: str, what: str, convert) -> list:
+    """Items of a JSON-lines file, each passed through ``convert(item, line_no)`` (which may raise).
+
+    Blank lines are skipped; a missing file, invalid JSON or an empty file is one clear error.
+    """
     p = pathlib.Path(path)
     if not p.is_file():
-        raise TrajscopeError(f"No prompt file at '{path}'.")
+        raise TrajscopeError(f"No {what} file at '{path}'.")
     out = []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -48,14 +51,22 @@ def read_prompts(path: str) -> list[dict]:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise TrajscopeError(f"{path}, line {n}: not valid JSON ({exc.msg}).") from None
+        out.append(convert(item, n))
+    if not out:
+        raise TrajscopeError(f"The {what} file '{path}' holds no {what}s.")
+    return out
+
+
+def read_prompts(path: str) -> list[dict]:
+    """Prompts from a JSON-lines file: each line ``{"prompt": ..., "id": ...}`` or a JSON string."""
+    def convert(item, n):
         if isinstance(item, str):
             item = {"prompt": item}
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
             raise TrajscopeError(f"{path}, line {n}: expected a JSON object with a non-empty \"prompt\" string.")
-        out.append(item)
-    if not out:
-        raise TrajscopeError(f"The prompt file '{path}' holds no prompts.")
-    return out
+        return item
+
+    return read_jsonl(path, "prompt", convert)
 
 
 def cmd_capture(args: argparse.Namespace) -> int:

@@ -10,7 +10,6 @@ prints the summary. Ctrl-C keeps the finished cells.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 import threading
@@ -20,21 +19,14 @@ from trajscope.errors import TrajscopeError
 
 def read_pairs(path: str) -> list[tuple[str, str]]:
     """Contrast pairs from JSON lines ``{"positive": str, "negative": str}``."""
-    p = pathlib.Path(path)
-    if not p.is_file():
-        raise TrajscopeError(f"No contrast-pair file at '{path}'.")
-    pairs = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-            pairs.append((str(item["positive"]), str(item["negative"])))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise TrajscopeError(f"{path}, line {n}: expected {{\"positive\": ..., \"negative\": ...}}.") from None
-    if not pairs:
-        raise TrajscopeError(f"The contrast-pair file '{path}' holds no pairs.")
-    return pairs
+    from trajscope.cli import read_jsonl
+
+    def convert(item, n):
+        if not isinstance(item, dict) or not isinstance(item.get("positive"), str) or not isinstance(item.get("negative"), str):
+            raise TrajscopeError(f"{path}, line {n}: expected {{\"positive\": ..., \"negative\": ...}}.")
+        return item["positive"], item["negative"]
+
+    return read_jsonl(path, "contrast-pair", convert)
 
 
 def _ints(text: str, what: str) -> list[int]:

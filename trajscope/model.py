@@ -18,6 +18,7 @@ Sources that :func:`load_model` accepts:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 import threading
@@ -134,8 +135,8 @@ class ModelHandle:
         eos = self.config.eos_token_id if self.tokenizer.eos_token_id is None else self.tokenizer.eos_token_id
         return eos[0] if isinstance(eos, list) else eos
 
-    def revision(self) -> str | None:
-        """A content hash of the weights for local models (``None`` when remote)."""
+    @functools.cached_property
+    def _revision(self) -> str | None:
         if not self.source_path:
             return None
         import hashlib
@@ -147,6 +148,10 @@ class ModelHandle:
             with open(f, "rb") as fh:
                 h.update(fh.read(1 << 20))
         return h.hexdigest()[:16]
+
+    def revision(self) -> str | None:
+        """A hash of the weight files (names, sizes, first MiB), computed once; ``None`` when remote."""
+        return self._revision
 
     def describe(self) -> dict[str, Any]:
         """What a run's ``meta.json`` records about the model."""

@@ -24,6 +24,7 @@ run directories under one folder read as one dataset:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -50,8 +51,8 @@ def parquet_metadata(table: str) -> dict[str, str]:
     return {"trajscope_schema": str(SCHEMA_VERSION), "trajscope_table": table}
 
 
-def library_versions() -> dict[str, str]:
-    """Versions of the libraries that shape a run's numbers."""
+@functools.lru_cache(maxsize=1)
+def _versions() -> tuple[tuple[str, str], ...]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
@@ -60,7 +61,12 @@ def library_versions() -> dict[str, str]:
             out[name] = version(name)
         except PackageNotFoundError:
             out[name] = "unknown"
-    return out
+    return tuple(out.items())
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that shape a run's numbers (looked up once per process)."""
+    return dict(_versions())
 
 
 class Trajectory:
