@@ -99,3 +99,17 @@ def test_report_of_many_runs_summarises(tiny_models, tmp_path):
     assert len(comp.tables()["tokens_aligned"].columns) == 1 + MAX_ALIGNED_RUNS
     text = comp.save(tmp_path / "many.html").read_text()
     assert f"mean of {MAX_CURVES + 1} runs" in text and f"the first {MAX_ALIGNED_RUNS} of {MAX_CURVES + 1} runs" in text
+
+
+def test_report_drift_section(tiny_models, tmp_path):
+    from trajscope.profile import build_profile
+
+    model = tiny_models["llama"]
+    prof = build_profile(model, [f"def g{i}(y):\n    return y * {i}" for i in range(5)], fpr=0.05, progress=False)
+    runs = [ts.capture(model, f"import os{i}", max_new_tokens=6, stop_at_eos=False, residual_layers="all")
+            for i in range(2)]
+    comp = compare(runs, profile=prof.save(tmp_path / "p.safetensors"))
+    table = comp.tables()["drift_by_depth"]
+    assert set(table["layer"]) == {0, 1} and "prefill" in set(table["depth_band"])
+    text = comp.save(tmp_path / "d.html").read_text()
+    assert "Drift versus the prefill profile" in text and (tmp_path / "d_files" / "drift_by_depth.parquet").exists()

@@ -133,7 +133,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from trajscope.report import compare
 
-    comp = compare(args.runs, skip_bad=args.skip_bad)
+    comp = compare(args.runs, skip_bad=args.skip_bad, profile=args.profile)
     path = comp.save(args.output)
     for run, reason in comp.skipped:
         print(f"left out {run}: {reason}", file=sys.stderr)
@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("runs", nargs="+", help="run directories (the first is the reference)")
     r.add_argument("-o", "--output", default="report.html")
     r.add_argument("--skip-bad", action="store_true", help="leave unreadable runs out (named in the report)")
+    r.add_argument("--profile", default=None, help="prefill profile: adds drift by layer x depth for runs with residuals")
     r.set_defaults(func=cmd_report)
     e = sub.add_parser("export", help="Hive-partitioned Parquet dataset of many runs")
     e.add_argument("runs", nargs="+")

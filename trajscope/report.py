@@ -12,6 +12,8 @@ sections present depend on what the runs contain:
 - **Residual statistics**: per-step residual norm and excess kurtosis (mean over
   layers) relative to the same run's prefill positions, and drift-probe flags
   when a probe was attached;
+- **Drift** (given a prefill profile and runs that kept residuals): mean drift
+  score and flagged fraction by layer × decode-depth band;
 - **Steering**: each steered run's settings, and its next-token entropy and
   logprob by step with the onset marked;
 - **SAE features**: active features (L0) per step, when an SAE was attached.
@@ -134,11 +136,12 @@ class Comparison:
         skipped: ``(path, reason)`` of runs left out with ``skip_bad=True``.
     """
 
-    def __init__(self, runs: Sequence[Trajectory], skipped: Sequence[tuple[str, str]] = ()):
+    def __init__(self, runs: Sequence[Trajectory], skipped: Sequence[tuple[str, str]] = (), profile=None):
         if not runs:
             raise TrajscopeError("A report needs at least one readable run.")
         self.runs = list(runs)
         self.skipped = list(skipped)
+        self.profile = profile
 
     def tables(self) -> dict[str, pl.DataFrame]:
         """Every table the report shows, by file name."""
@@ -151,6 +154,12 @@ class Comparison:
                  else t.features for t in self.runs if t.features is not None]
         if feats:
             out["features"] = pl.concat(feats, how="diagonal_relaxed")
+        if self.profile is not None:
+            from trajscope.metrics.residual_drift import drift_by_group
+
+            scored = [t for t in self.runs if any(k.startswith("residual.") for k in t.tensors)]
+            if scored:
+                out["drift_by_depth"] = drift_by_group(scored, self.profile, by="depth_band")
         steered = [t for t in self.runs if t.meta.get("steering")]
         if steered:
             out["steering_tokens"] = pl.concat([
@@ -204,6 +213,8 @@ class Comparison:
             st = tables["steering_tokens"]
             plots.append(("steering", _curves(st, "entropy", "Next-token entropy by step (dotted: steering onset)", "nats", order, marks)))
             plots.append(("steering", _curves(st.drop_nulls("logprob"), "logprob", "Logprob of the token by step", "logprob", order, marks)))
+        if "drift_by_depth" in tables:
+            plots.extend(("drift", p) for p in _drift_plots(tables["drift_by_depth"], self.profile))
         if "features" in tables and {"pos", "feature"} <= set(tables["features"].columns):
             f = tables["features"]
             l0 = f.group_by("run_id", "pos").len().rename({"pos": "step", "len": "active"})
@@ -213,16 +224,19 @@ class Comparison:
         for (section, _), div in zip(plots, divs):
             by_section.setdefault(section, []).append(div)
         titles = {"attention": "Attention telemetry", "residual": "Residual statistics versus prefill",
-                  "steering": "Steering", "sae": "SAE features"}
+                  "steering": "Steering", "sae": "SAE features", "drift": "Drift versus the prefill profile"}
         notes = {"attention": "Per step, at the step's query (the last prompt position for step 0).",
                  "residual": "Decode positions only; 1.0 / 0.0 mean 'as during prefill'.",
-                 "steering": "", "sae": ""}
+                 "steering": "", "sae": "",
+                 "drift": ("Diagonal Mahalanobis distance to the prefill profile ÷ √d (≈ 1 in distribution), and the "
+                           "share of positions above each layer's threshold (calibrated on held-out prefill to the "
+                           "profile's false-positive rate), by layer and decode-depth band, over all runs.")}
         body = [f"<h2>Overview</h2>{_df_html(tables['overview'])}",
                 "<h3>Generated tokens by step (highlighted: differs from run 1)"
                 + (f" — the first {MAX_ALIGNED_RUNS} of {len(self.runs)} runs" if len(self.runs) > MAX_ALIGNED_RUNS else "")
                 + "</h3>",
                 self._aligned_html(tables["tokens_aligned"])]
-        for key in ("attention", "residual", "steering", "sae"):
+        for key in ("attention", "residual", "drift", "steering", "sae"):
             if key in by_section:
                 body.append(f"<h2>{titles[key]}</h2><p class='note'>{notes[key]}</p>" + "".join(by_section[key]))
         if self.skipped:
@@ -239,18 +253,37 @@ class Comparison:
         return path
 
 
+def _drift_plots(by_depth: pl.DataFrame, profile) -> list:
+    """Heatmaps layer × depth band of the mean drift score and of the flagged fraction."""
+    import holoviews as hv
+
+    from trajscope.metrics.bands import DEPTH_ORDER
+
+    bands = [b for b in DEPTH_ORDER if b in set(by_depth["depth_band"])]
+    out = []
+    for col, title, cmap in (("score", "Mean drift score", "viridis"),
+                             ("flagged_frac", f"Flagged fraction (target on prefill: {profile.info.get('fpr')})", "Reds")):
+        data = [(b, int(r["layer"]), float(r[col])) for b in bands
+                for r in by_depth.filter(pl.col("depth_band") == b).iter_rows(named=True)]
+        out.append(hv.HeatMap(data, ["depth band", "layer"], col).opts(
+            width=440, height=260, cmap=cmap, colorbar=True, tools=["hover"], title=title, invert_yaxis=True))
+    return out
+
+
 def _df_html(df: pl.DataFrame) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
     rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>" for r in df.iter_rows())
     return f"<div class='scroll'><table><tr>{head}</tr>{rows}</table></div>"
 
 
-def compare(runs: Sequence[Trajectory | str | os.PathLike], skip_bad: bool = False) -> Comparison:
+def compare(runs: Sequence[Trajectory | str | os.PathLike], skip_bad: bool = False, profile=None) -> Comparison:
     """Collect runs (trajectories or run directories) into a :class:`Comparison`.
 
     Args:
         runs: what to compare, the first being the reference.
         skip_bad: leave unreadable run directories out (named in the report) instead of failing.
+        profile: a :class:`~trajscope.profile.ReferenceProfile` (or its path); adds the drift section
+            (layer × depth band) for runs that kept residuals.
     Raises:
         TrajscopeError: naming the first unreadable run (unless ``skip_bad``).
     """
@@ -265,7 +298,11 @@ def compare(runs: Sequence[Trajectory | str | os.PathLike], skip_bad: bool = Fal
             if not skip_bad:
                 raise TrajscopeError(f"Cannot report on '{r}': {exc} (use --skip-bad to leave it out).") from None
             skipped.append((str(r), str(exc)))
-    return Comparison(loaded, skipped)
+    if isinstance(profile, (str, os.PathLike)):
+        from trajscope.profile import ReferenceProfile
+
+        profile = ReferenceProfile.load(profile)
+    return Comparison(loaded, skipped, profile=profile)
 
 
 PAGE = """<!DOCTYPE html>
