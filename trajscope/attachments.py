@@ -1,0 +1,79 @@
+"""Attachments to a capture: an SAE (features table) and an online drift probe (probe table).
+
+:func:`trajscope.capture` hands the capture loop a plain ``(layer, encode)`` tuple
+for an SAE and the :meth:`~trajscope.profile.DriftProbe.spec` tuple for a probe;
+the step records then carry their small per-step outputs, which the functions
+here turn into the ``features`` table (position × top-k active feature, plus
+``sae_l0`` / ``sae_rel_err`` / ``sae_cos`` columns on ``tokens``) and the
+``probe`` table (probed step × layer: score, threshold, flagged).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from trajscope.errors import TrajscopeError
+from trajscope.model import ModelHandle
+from trajscope.trajectory import Trajectory
+
+
+def sae_spec(model: ModelHandle, sae: Any, k: int) -> tuple | None:
+    """``(layer, encode)`` for the capture loop, after checking the SAE fits the model."""
+    if sae is None:
+        return None
+    from trajscope.sae.model import sae_features
+
+    layer = sae.cfg.layer
+    if layer is None:
+        raise TrajscopeError("The SAE's config names no layer (hook_name); trajscope cannot tell where to apply it.")
+    if not 0 <= layer < model.n_layers:
+        raise TrajscopeError(f"The SAE reads layer {layer} but the model has layers 0..{model.n_layers - 1}.")
+    sae.check_input(torch.zeros(1, model.d_model), layer)
+    if model.remote is True:
+        raise TrajscopeError("Attaching an SAE to a remote (NDIF) capture is not supported yet; capture residuals "
+                             "with residual_layers and encode them locally.")
+    return (layer, functools.partial(sae_features, sae, k=k))
+
+
+def feature_tables(traj: Trajectory, records: list[dict], layer: int, sae_name: str):
+    """The ``features`` table (position × top-k active feature) and ``tokens`` with SAE columns."""
+    import polars as pl
+
+    outs = [r["sae"] for r in records]
+    if not outs:
+        return pl.DataFrame(), traj.tokens
+    feat = torch.cat([o["feature"] for o in outs]).cpu()
+    val = torch.cat([o["value"] for o in outs]).cpu()
+    n, k = feat.shape
+    pos = torch.arange(n).unsqueeze(1).expand(n, k)
+    keep = val > 0
+    P = traj.prompt_len
+    features = pl.DataFrame({"pos": pos[keep].numpy().astype("int32"), "feature": feat[keep].numpy(),
+                             "value": val[keep].numpy()}).with_columns(
+        pl.lit(traj.run_id).alias("run_id"), (pl.col("pos") - P + 1).clip(lower_bound=0).cast(pl.Int32).alias("step"),
+        pl.when(pl.col("pos") < P).then(pl.lit("prefill")).otherwise(pl.lit("decode")).alias("phase"),
+        pl.lit(layer).cast(pl.Int16).alias("layer"), pl.lit(sae_name).alias("sae"),
+    ).select("run_id", "pos", "step", "phase", "layer", "sae", "feature", "value")
+    sq_err = torch.cat([o["sq_err"] for o in outs]).cpu()
+    sq_norm = torch.cat([o["sq_norm"] for o in outs]).cpu()
+    per_pos = pl.DataFrame({"pos": list(range(n)), "sae_l0": torch.cat([o["l0"] for o in outs]).cpu().numpy(),
+                            "sae_rel_err": (sq_err / sq_norm.clamp_min(1e-12)).numpy(),
+                            "sae_cos": torch.cat([o["cos"] for o in outs]).cpu().numpy()},
+                           schema_overrides={"pos": pl.Int32})
+    return features, traj.tokens.join(per_pos, on="pos", how="left")
+
+
+def probe_table(traj: Trajectory, records: list[dict], spec: tuple):
+    """One row per probed step × layer: run_id, step, pos, layer, score, threshold, flagged."""
+    import polars as pl
+
+    layers, thr = spec[0], spec[3].tolist()
+    rows = [(r["step"], r["first_pos"] + len(r["ids"]) - 1, layer, float(sc), thr[i])
+            for r in records if r.get("probe") is not None for i, (layer, sc) in enumerate(zip(layers, r["probe"].tolist()))]
+    df = pl.DataFrame(rows, schema={"step": pl.Int32, "pos": pl.Int32, "layer": pl.Int16, "score": pl.Float64,
+                                    "threshold": pl.Float64}, orient="row")
+    return df.with_columns(pl.lit(traj.run_id).alias("run_id"), (pl.col("score") > pl.col("threshold")).alias("flagged")
+                           ).select("run_id", "step", "pos", "layer", "score", "threshold", "flagged")
