@@ -103,29 +103,37 @@ def residual_by_step(runs: Sequence[Trajectory]) -> pl.DataFrame:
 
 def _curves(df: pl.DataFrame, y: str, title: str, ylabel: str, order: Sequence[str],
             marks: dict[str, int] | None = None):
-    import holoviews as hv
+    """A Bokeh figure: ``y`` by step, one line per run (or mean and 10–90% band beyond MAX_CURVES runs).
+
+    The report builds plain Bokeh figures in a document of its own, so writing a report never
+    touches the documents of a Panel server running in the same process.
+    """
+    from bokeh.models import HoverTool, Span
+    from bokeh.plotting import figure
 
     from trajscope.ui.analysis_plots import LAYER_COLORS
 
-    items = []
+    fig = figure(width=900, height=260, title=title, x_axis_label="step (0 = prefill)", y_axis_label=ylabel,
+                 tools="pan,wheel_zoom,box_zoom,reset,save")
+    fig.add_tools(HoverTool(tooltips=[("step", "@x"), (y, "@y")]))
     if len(order) > MAX_CURVES:
         agg = df.group_by("step").agg(pl.col(y).mean().alias("m"), pl.col(y).quantile(0.1).alias("lo"),
                                       pl.col(y).quantile(0.9).alias("hi")).sort("step")
         x = agg["step"].to_numpy()
-        items.append(hv.Area((x, agg["lo"].to_numpy(), agg["hi"].to_numpy()), "step", [y, "hi"],
-                             label="10–90% of runs").opts(color="#1f77b4", alpha=0.2, line_alpha=0))
-        items.append(hv.Curve((x, agg["m"].to_numpy()), "step", y, label=f"mean of {len(order)} runs").opts(color="#1f77b4"))
+        fig.varea(x=x, y1=agg["lo"].to_numpy(), y2=agg["hi"].to_numpy(), fill_color="#1f77b4", fill_alpha=0.2,
+                  legend_label="10–90% of runs")
+        fig.line(x=x, y=agg["m"].to_numpy(), color="#1f77b4", legend_label=f"mean of {len(order)} runs")
         order = []
     for i, rid in enumerate(order):
         sub = df.filter(pl.col("run_id") == rid).sort("step")
         if sub.is_empty():
             continue
         color = LAYER_COLORS[i % len(LAYER_COLORS)]
-        items.append(hv.Curve((sub["step"].to_numpy(), sub[y].to_numpy()), "step", y, label=rid).opts(color=color))
+        fig.line(x=sub["step"].to_numpy(), y=sub[y].to_numpy(), color=color, line_width=1.5, legend_label=rid)
         if marks and rid in marks:
-            items.append(hv.VLine(marks[rid]).opts(color=color, line_dash="dotted"))
-    return hv.Overlay(items).opts(width=900, height=260, title=title, ylabel=ylabel, xlabel="step (0 = prefill)",
-                                  legend_position="right", tools=["hover"])
+            fig.add_layout(Span(location=marks[rid], dimension="height", line_color=color, line_dash="dotted"))
+    fig.add_layout(fig.legend[0], "right")
+    return fig
 
 
 class Comparison:
@@ -184,11 +192,8 @@ class Comparison:
 
     def save(self, path: str | os.PathLike) -> pathlib.Path:
         """Write the standalone HTML report and ``<stem>_files/*.parquet``. Returns the HTML path."""
-        import holoviews as hv
         from bokeh.embed import components
         from bokeh.resources import INLINE
-
-        import trajscope.ui.plots  # noqa: F401  (selects the bokeh backend)
 
         path = pathlib.Path(path)
         files = path.with_name(path.stem + "_files")
@@ -219,7 +224,9 @@ class Comparison:
             f = tables["features"]
             l0 = f.group_by("run_id", "pos").len().rename({"pos": "step", "len": "active"})
             plots.append(("sae", _curves(l0, "active", "Active SAE features kept per position", "count", order)))
-        script, divs = components([hv.render(p, backend="bokeh") for _, p in plots])
+        # Render into a fresh document: a served Panel session elsewhere in the process may have left
+        # its own document current, and plots must not attach to it.
+        script, divs = components([p for _, p in plots])
         by_section: dict[str, list[str]] = {}
         for (section, _), div in zip(plots, divs):
             by_section.setdefault(section, []).append(div)
@@ -254,19 +261,30 @@ class Comparison:
 
 
 def _drift_plots(by_depth: pl.DataFrame, profile) -> list:
-    """Heatmaps layer × depth band of the mean drift score and of the flagged fraction."""
-    import holoviews as hv
+    """Bokeh heatmaps layer × depth band of the mean drift score and of the flagged fraction."""
+    from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMapper
+    from bokeh.palettes import Reds256, Viridis256
+    from bokeh.plotting import figure
 
     from trajscope.metrics.bands import DEPTH_ORDER
 
     bands = [b for b in DEPTH_ORDER if b in set(by_depth["depth_band"])]
+    layers = [str(x) for x in sorted(by_depth["layer"].unique().to_list())]
     out = []
-    for col, title, cmap in (("score", "Mean drift score", "viridis"),
-                             ("flagged_frac", f"Flagged fraction (target on prefill: {profile.info.get('fpr')})", "Reds")):
-        data = [(b, int(r["layer"]), float(r[col])) for b in bands
-                for r in by_depth.filter(pl.col("depth_band") == b).iter_rows(named=True)]
-        out.append(hv.HeatMap(data, ["depth band", "layer"], col).opts(
-            width=440, height=260, cmap=cmap, colorbar=True, tools=["hover"], title=title, invert_yaxis=True))
+    for col, title, palette in (("score", "Mean drift score", Viridis256),
+                                ("flagged_frac", f"Flagged fraction (target on prefill: {profile.info.get('fpr')})",
+                                 list(reversed(Reds256)))):
+        sub = by_depth.filter(pl.col("depth_band").is_in(bands))
+        src = ColumnDataSource({"band": sub["depth_band"].to_list(), "layer": [str(x) for x in sub["layer"]],
+                                "value": sub[col].to_list()})
+        mapper = LinearColorMapper(palette=palette, low=float(sub[col].min()), high=float(sub[col].max()))
+        fig = figure(width=440, height=260, title=title, x_range=bands, y_range=list(reversed(layers)),
+                     x_axis_label="depth band", y_axis_label="layer", tools="save")
+        fig.rect(x="band", y="layer", width=1, height=1, source=src, fill_color={"field": "value", "transform": mapper},
+                 line_color=None)
+        fig.add_tools(HoverTool(tooltips=[("band", "@band"), ("layer", "@layer"), (col, "@value{0.000}")]))
+        fig.add_layout(ColorBar(color_mapper=mapper), "right")
+        out.append(fig)
     return out
 
 

@@ -20,6 +20,7 @@ any message.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
@@ -113,6 +114,7 @@ class GenerationJob:
         self.cancel = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trajscope-generate", daemon=True)
         self._last_partial = 0.0
+        self._queue: collections.deque = collections.deque()
 
     def start(self) -> "GenerationJob":
         self.thread.start()
@@ -122,13 +124,27 @@ class GenerationJob:
         """Ask the capture to end after the current step (it keeps the steps it has)."""
         self.cancel.set()
 
+    def _send(self, fn: Callable[[], None]) -> None:
+        """Queue ``fn`` and dispatch a drain: the event loop may run dispatched callbacks out of
+        order, but every drain empties the queue first-in first-out, so updates apply in order."""
+        self._queue.append(fn)
+        self.dispatch(self._drain)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                fn = self._queue.popleft()
+            except IndexError:
+                return
+            fn()
+
     def _on_step(self, event: Any) -> None:
-        self.dispatch(lambda: self.on_progress(event))
+        self._send(lambda: self.on_progress(event))
         now = time.monotonic()
         if now - self._last_partial >= self.partial_every_s:
             self._last_partial = now
             traj = event.partial()
-            self.dispatch(lambda: self.on_partial(traj))
+            self._send(lambda: self.on_partial(traj))
 
     def _run(self) -> None:
         try:
@@ -138,10 +154,10 @@ class GenerationJob:
             traj = capture(model, self.prompt, on_step=self._on_step, cancel=self.cancel, **kwargs)
         except TrajscopeError as exc:
             msg = _scrub(str(exc), self._api_key)
-            self.dispatch(lambda: self.on_error(msg))
+            self._send(lambda: self.on_error(msg))
         except Exception as exc:  # an unexpected failure still leaves the app usable
             first = (str(exc).splitlines() or [""])[0]
             msg = _scrub(f"Generation failed: {type(exc).__name__}: {first}", self._api_key)
-            self.dispatch(lambda: self.on_error(msg))
+            self._send(lambda: self.on_error(msg))
         else:
-            self.dispatch(lambda: self.on_done(traj))
+            self._send(lambda: self.on_done(traj))
