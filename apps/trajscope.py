@@ -22,7 +22,7 @@ import panel as pn  # noqa: E402
 
 from trajscope.ui.views.app import default_page  # noqa: E402
 
-pn.extension(notifications=True)
+pn.extension("tabulator", notifications=True)
 
 default_page(os.environ.get("TRAJSCOPE_RUN") or None, model=os.environ.get("TRAJSCOPE_MODEL", "sample")).servable(
     title="trajscope")

@@ -39,7 +39,7 @@ INTRO = ("Step through a model's generation one decode step at a time. **Step 0*
 def ensure_extension() -> None:
     """Load Panel's notebook extension (with notifications) once, if not loaded yet."""
     if not pn.extension._loaded:
-        pn.extension(notifications=True)
+        pn.extension("tabulator", notifications=True)
 
 
 class TrajScope(StateView):
