@@ -63,3 +63,17 @@ def test_bad_capture_arguments(tiny_models):
         ts.capture(m, "x = 1", max_new_tokens=200)
     with pytest.raises(ts.TrajscopeError, match="layer 7 is out of range"):
         ts.capture(m, "x = 1", max_new_tokens=2, residual_layers=[7])
+
+
+def test_ndif_key_travels_per_request_and_nowhere_else(tiny_models, monkeypatch):
+    from nnsight import CONFIG
+
+    local = tiny_models["llama"]
+    monkeypatch.setattr(type(local.nn), "to_model_key", lambda self: "org/model")  # a hub name, as on NDIF
+    before = CONFIG.API.APIKEY
+    handle = ts.ModelHandle(local.nn, "org/model", local.family, remote=True, api_key="secret-key-123")
+    opts = handle.remote_options()
+    assert opts["backend"].api_key == "secret-key-123"
+    assert CONFIG.API.APIKEY == before
+    assert "secret" not in repr(handle) and "secret" not in str(handle.describe())
+    assert local.remote_options() == {}

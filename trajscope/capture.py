@@ -227,7 +227,7 @@ def capture(
         criterion = _CancelCriterion(cancel)
         gen_kwargs["stopping_criteria"] = StoppingCriteriaList([criterion])
     if model.remote:
-        gen_kwargs["remote"] = model.remote
+        gen_kwargs.update(model.remote_options())
         import nnsight
 
         nnsight.register(_stepstats)

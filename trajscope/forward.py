@@ -29,7 +29,7 @@ def last_token_residuals(model: ModelHandle, prompts: Sequence[str], layer: int)
     with torch.no_grad():
         for prompt in prompts:
             ids = torch.tensor([encode_prompt(model, prompt)])
-            with model.nn.trace(ids, remote=model.remote):
+            with model.nn.trace(ids, **model.remote_options()):
                 out = blocks[layer].output
                 h = nnsight_save((out[0] if isinstance(out, tuple) else out)[0, -1])
             rows.append(h.float().cpu())
@@ -61,7 +61,7 @@ def forced_forward(model: ModelHandle, token_ids: Sequence[int], prompt_len: int
     last = max([v.layer for v in steering] + list(wanted) + [-1])
     saved: dict = {}
     with torch.no_grad(), model.lock:
-        with model.nn.trace(torch.tensor([list(token_ids)]), remote=model.remote):
+        with model.nn.trace(torch.tensor([list(token_ids)]), **model.remote_options()):
             saved = nnsight_save(saved)
             for layer in range(last + 1):
                 out = blocks[layer].output

@@ -85,8 +85,9 @@ class ModelHandle:
     """
 
     def __init__(self, nn_model: Any, model_id: str, family: Family, *, remote: bool | str = False,
-                 source_path: str | None = None):
+                 source_path: str | None = None, api_key: str | None = None):
         self.nn = nn_model
+        self._api_key = api_key  # NDIF key: used per request, never described, saved or printed
         self.model_id = model_id
         self.family = family
         self.remote = remote
@@ -113,6 +114,19 @@ class ModelHandle:
     def unembed(self) -> Any:
         """Envoy of the unembedding; its output is the logits ``[batch, q, vocab]``."""
         return _get(self.nn, self.family.unembed)
+
+    def remote_options(self) -> dict[str, Any]:
+        """Keyword arguments that send an nnsight trace or generation where this model runs.
+
+        Local models: ``{}``; ``remote="local"``: nnsight's in-process round trip; NDIF: a
+        backend carrying this handle's API key for this request only (nnsight's process-wide
+        ``CONFIG`` is left alone, so sessions with different keys do not see each other's).
+        """
+        if self.remote is True:
+            from nnsight.intervention.backends.remote import RemoteBackend
+
+            return {"backend": RemoteBackend(self.nn.to_model_key(), api_key=self._api_key)}
+        return {"remote": self.remote} if self.remote else {}
 
     def torch_module(self) -> torch.nn.Module:
         """The underlying Hugging Face module (for reference computations in tests)."""
@@ -212,7 +226,7 @@ def _default_device() -> str:
 
 
 def load_model(source: str = SAMPLE_MODEL, *, remote: bool | str = False, device: str | None = None,
-               dtype: str | torch.dtype | None = None) -> ModelHandle:
+               dtype: str | torch.dtype | None = None, api_key: str | None = None) -> ModelHandle:
     """Open a causal LM for capture.
 
     Args:
@@ -223,6 +237,8 @@ def load_model(source: str = SAMPLE_MODEL, *, remote: bool | str = False, device
             serialisation round trip (used to test the NDIF path offline).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``…; default CUDA when present.
         dtype: ``"float32"`` (default on CPU), ``"bfloat16"`` (default on CUDA), ``"float16"``.
+        api_key: NDIF key for ``remote=True`` (default: ``$NDIF_API_KEY``); kept on the handle
+            and sent with each request only, never written to a run, an export or a log.
 
     Returns:
         A :class:`ModelHandle`.
@@ -237,14 +253,11 @@ def load_model(source: str = SAMPLE_MODEL, *, remote: bool | str = False, device
         raise TrajscopeError("A model source is needed: 'sample', a model directory, a cached Hugging Face name, or an NDIF model.")
     source = source.strip()
     if remote is True:
-        key = os.environ.get("NDIF_API_KEY")
+        key = api_key or os.environ.get("NDIF_API_KEY")
         if not key:
-            raise TrajscopeError("Remote (NDIF) models need an API key: set NDIF_API_KEY (get one at ndif.us).")
-        from nnsight import CONFIG
-
-        CONFIG.API.APIKEY = key
+            raise TrajscopeError("Remote (NDIF) models need an API key: pass api_key= or set NDIF_API_KEY (get one at ndif.us).")
         nn_model = TransformersModel(source, task="text-generation", attn_implementation="eager")
-        return ModelHandle(nn_model, source, family_for(nn_model.config), remote=True)
+        return ModelHandle(nn_model, source, family_for(nn_model.config), remote=True, api_key=key)
 
     path = _resolve_local(source)
     if path is None:
