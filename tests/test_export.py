@@ -113,3 +113,18 @@ def test_report_drift_section(tiny_models, tmp_path):
     assert set(table["layer"]) == {0, 1} and "prefill" in set(table["depth_band"])
     text = comp.save(tmp_path / "d.html").read_text()
     assert "Drift versus the prefill profile" in text and (tmp_path / "d_files" / "drift_by_depth.parquet").exists()
+
+
+def test_report_reads_run_directories_lazily(runs, tiny_models, tmp_path):
+    from trajscope.profile import build_profile
+
+    lazy = ts.Trajectory.load(runs[0][1], lazy=True)
+    assert isinstance(lazy.attention, pl.LazyFrame) and lazy.tensors == {}
+    eager = compare([t for t, _ in runs[:1]]).tables()
+    from_disk = compare([p for _, p in runs[:1]]).tables()
+    for name in ("attention_by_step", "residual_by_step", "tokens_aligned"):
+        assert from_disk[name].equals(eager[name]), name
+    model = tiny_models["llama"]
+    t = ts.capture(model, "import sys", max_new_tokens=6, stop_at_eos=False, residual_layers="all")
+    prof = build_profile(model, [f"x{i} = {i} * y" for i in range(4)], fpr=0.05, progress=False)
+    assert "drift_by_depth" in compare([t.save(tmp_path / "r")], profile=prof).tables()

@@ -72,13 +72,18 @@ def aligned_tokens(runs: Sequence[Trajectory]) -> pl.DataFrame:
 
 
 def telemetry_by_step(runs: Sequence[Trajectory]) -> pl.DataFrame:
-    """Per run and step: attention means over layers and heads at the step's last query."""
+    """Per run and step: attention means over layers and heads at the step's last query.
+
+    Works on eager tables and on lazy scans (``Trajectory.load(path, lazy=True)``) alike; each run
+    is reduced by Polars' streaming engine before the next is read.
+    """
     parts = []
     for t in runs:
-        last = t.attention.group_by("step").agg(pl.col("pos").max().alias("_q"))
-        a = t.attention.join(last, on="step").filter(pl.col("pos") == pl.col("_q"))
+        att = t.attention.lazy().select("step", "pos", "entropy_norm", "prefix_mass", "generated_mass", "sink_mass")
+        last = att.group_by("step").agg(pl.col("pos").max().alias("_q"))
+        a = att.join(last, on="step").filter(pl.col("pos") == pl.col("_q"))
         parts.append(a.group_by("step").agg(pl.col("entropy_norm", "prefix_mass", "generated_mass", "sink_mass").mean())
-                     .with_columns(pl.lit(t.run_id).alias("run_id")))
+                     .with_columns(pl.lit(t.run_id).alias("run_id")).collect(engine="streaming"))
     return pl.concat(parts).sort("run_id", "step")
 
 
@@ -86,17 +91,16 @@ def residual_by_step(runs: Sequence[Trajectory]) -> pl.DataFrame:
     """Per run and step: mean over layers of residual norm and kurtosis, ÷ the run's prefill mean."""
     parts = []
     for t in runs:
-        act = t.activations
-        ref = act.filter((pl.col("phase") == "prefill") & (pl.col("pos") > 0)).group_by("layer").agg(
-            pl.col("norm").mean().alias("_n"), pl.col("kurtosis").mean().alias("_k"))
-        if ref.is_empty():
-            ref = act.filter(pl.col("phase") == "prefill").group_by("layer").agg(
-                pl.col("norm").mean().alias("_n"), pl.col("kurtosis").mean().alias("_k"))
+        act = t.activations.lazy().select("pos", "step", "phase", "layer", "norm", "kurtosis", "n_outliers")
+        after0 = pl.col("pos") > 0  # position 0 (attention sink) left out of the reference when there is more
+        ref = act.filter(pl.col("phase") == "prefill").group_by("layer").agg(
+            pl.col("norm").filter(after0).mean().fill_null(pl.col("norm").mean()).alias("_n"),
+            pl.col("kurtosis").filter(after0).mean().fill_null(pl.col("kurtosis").mean()).alias("_k"))
         r = (act.filter(pl.col("phase") == "decode").join(ref, on="layer")
              .group_by("step").agg((pl.col("norm") / pl.col("_n")).mean().alias("norm_vs_prefill"),
                                    (pl.col("kurtosis") - pl.col("_k")).mean().alias("kurtosis_minus_prefill"),
                                    pl.col("n_outliers").sum().alias("outliers"))
-             .with_columns(pl.lit(t.run_id).alias("run_id")))
+             .with_columns(pl.lit(t.run_id).alias("run_id")).collect(engine="streaming"))
         parts.append(r)
     return pl.concat(parts).sort("run_id", "step")
 
@@ -165,7 +169,8 @@ class Comparison:
         if self.profile is not None:
             from trajscope.metrics.residual_drift import drift_by_group
 
-            scored = [t for t in self.runs if any(k.startswith("residual.") for k in t.tensors)]
+            scored = [Trajectory.load(t.meta["_path"]) if "_path" in t.meta else t for t in self.runs
+                      if any(k.startswith("residual.") for k in (t.meta.get("tensors") or t.tensors))]
             if scored:
                 out["drift_by_depth"] = drift_by_group(scored, self.profile, by="depth_band")
         steered = [t for t in self.runs if t.meta.get("steering")]
@@ -311,7 +316,9 @@ def compare(runs: Sequence[Trajectory | str | os.PathLike], skip_bad: bool = Fal
             loaded.append(r)
             continue
         try:
-            loaded.append(Trajectory.load(r))
+            t = Trajectory.load(r, lazy=True)  # big tables stay on disk until each is reduced
+            t.meta["_path"] = str(r)
+            loaded.append(t)
         except TrajscopeError as exc:
             if not skip_bad:
                 raise TrajscopeError(f"Cannot report on '{r}': {exc} (use --skip-bad to leave it out).") from None

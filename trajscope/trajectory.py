@@ -184,8 +184,12 @@ class Trajectory:
         return directory
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Trajectory":
+    def load(cls, path: str | os.PathLike, lazy: bool = False) -> "Trajectory":
         """Read a run directory written by :meth:`save`.
+
+        Args:
+            lazy: open ``attention`` and ``activations`` as ``pl.LazyFrame`` scans and leave the
+                tensors on disk (for reports over many or very long runs); ``tokens`` is read.
 
         Raises:
             TrajscopeError: naming the directory and what is missing or unreadable.
@@ -210,11 +214,15 @@ class Trajectory:
             if not f.exists():
                 raise TrajscopeError(f"Run directory '{path}' is incomplete: {f.name} is missing.")
             try:
-                tables[name] = pl.read_parquet(f)
+                if lazy and name in ("attention", "activations"):
+                    tables[name] = pl.scan_parquet(f)
+                    tables[name].collect_schema()  # reads the footer: a corrupt file fails here
+                else:
+                    tables[name] = pl.read_parquet(f)
             except Exception as exc:
                 raise TrajscopeError(f"Run directory '{path}' has an unreadable {f.name} ({exc}).") from None
         tensors = {}
-        if meta.get("tensors"):
+        if meta.get("tensors") and not lazy:
             f = path / TENSOR_FILE
             if not f.exists():
                 raise TrajscopeError(f"Run directory '{path}' is incomplete: {TENSOR_FILE} is missing.")
