@@ -115,7 +115,7 @@ def _curves(df: pl.DataFrame, y: str, title: str, ylabel: str, order: Sequence[s
     from bokeh.models import HoverTool, Span
     from bokeh.plotting import figure
 
-    from trajscope.ui.analysis_plots import LAYER_COLORS
+    from bokeh.palettes import Category10_10 as LAYER_COLORS
 
     fig = figure(width=900, height=260, title=title, x_axis_label="step (0 = prefill)", y_axis_label=ylabel,
                  tools="pan,wheel_zoom,box_zoom,reset,save")
@@ -148,12 +148,14 @@ class Comparison:
         skipped: ``(path, reason)`` of runs left out with ``skip_bad=True``.
     """
 
-    def __init__(self, runs: Sequence[Trajectory], skipped: Sequence[tuple[str, str]] = (), profile=None):
+    def __init__(self, runs: Sequence[Trajectory], skipped: Sequence[tuple[str, str]] = (), profile=None,
+                 paths: Sequence[str | None] | None = None):
         if not runs:
             raise TrajscopeError("A report needs at least one readable run.")
         self.runs = list(runs)
         self.skipped = list(skipped)
         self.profile = profile
+        self.paths = list(paths) if paths is not None else [None] * len(self.runs)  # run directory of lazy runs
 
     def tables(self) -> dict[str, pl.DataFrame]:
         """Every table the report shows, by file name."""
@@ -169,7 +171,7 @@ class Comparison:
         if self.profile is not None:
             from trajscope.metrics.residual_drift import drift_by_group
 
-            scored = [Trajectory.load(t.meta["_path"]) if "_path" in t.meta else t for t in self.runs
+            scored = [Trajectory.load(path) if path else t for t, path in zip(self.runs, self.paths)
                       if any(k.startswith("residual.") for k in (t.meta.get("tensors") or t.tensors))]
             if scored:
                 out["drift_by_depth"] = drift_by_group(scored, self.profile, by="depth_band")
@@ -310,15 +312,15 @@ def compare(runs: Sequence[Trajectory | str | os.PathLike], skip_bad: bool = Fal
     Raises:
         TrajscopeError: naming the first unreadable run (unless ``skip_bad``).
     """
-    loaded, skipped = [], []
+    loaded, skipped, paths = [], [], []
     for r in runs:
         if isinstance(r, Trajectory):
             loaded.append(r)
+            paths.append(None)
             continue
         try:
-            t = Trajectory.load(r, lazy=True)  # big tables stay on disk until each is reduced
-            t.meta["_path"] = str(r)
-            loaded.append(t)
+            loaded.append(Trajectory.load(r, lazy=True))  # big tables stay on disk until each is reduced
+            paths.append(str(r))
         except TrajscopeError as exc:
             if not skip_bad:
                 raise TrajscopeError(f"Cannot report on '{r}': {exc} (use --skip-bad to leave it out).") from None
@@ -327,7 +329,7 @@ def compare(runs: Sequence[Trajectory | str | os.PathLike], skip_bad: bool = Fal
         from trajscope.profile import ReferenceProfile
 
         profile = ReferenceProfile.load(profile)
-    return Comparison(loaded, skipped, profile=profile)
+    return Comparison(loaded, skipped, profile=profile, paths=paths)
 
 
 PAGE = """<!DOCTYPE html>
