@@ -14,7 +14,8 @@ from scipy.spatial import distance
 import trajscope as ts
 from trajscope.metrics.bands import depth_band_expr
 from trajscope.metrics.residual_drift import drift_by_group, drift_table, gaussian_kl
-from trajscope.profile import DriftProbe, ReferenceProfile, build_profile, profile_from_residuals
+from trajscope.profile import DriftProbe, ReferenceProfile, profile_from_residuals
+from trajscope.profile_build import build_profile
 
 WORDS = ["def", "x", "=", "(", ")", "return", "if", "for", "in", "self", ":", "1", "'a'", "None", "import", "os"]
 

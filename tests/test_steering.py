@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import trajscope as ts
-from trajscope.forward import forced_forward
 from trajscope.metrics.steering import decay_summary, kl_divergence, step_effects
 from trajscope.steering import SteeringVector
 from trajscope.sweep import steering_sweep
@@ -44,9 +43,9 @@ def test_forced_forward_reproduces_the_steered_run(tiny_models):
     model = tiny_models["qwen2"]
     vec = strong(model, k=3, scale=5.0)
     st = ts.capture(model, PROMPT, max_new_tokens=8, stop_at_eos=False, residual_layers=[1], steering=[vec])
-    ff = forced_forward(model, st.token_ids[:-1], st.prompt_len, [vec], layers=[1])
-    torch.testing.assert_close(ff["resid"][1], st.residual(1), atol=1e-5, rtol=1e-4)
-    lp = torch.log_softmax(ff["logits"].double(), -1)
+    ff = model.forward(st.token_ids[:-1], prompt_len=st.prompt_len, steering=[vec], layers=[1])
+    torch.testing.assert_close(ff.resid[1], st.residual(1), atol=1e-5, rtol=1e-4)
+    lp = torch.log_softmax(ff.logits.double(), -1)
     ent = -(lp.exp() * lp).sum(-1).numpy()
     np.testing.assert_allclose(st.tokens["entropy"].to_numpy()[:-1], ent, atol=1e-4)
 

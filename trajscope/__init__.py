@@ -4,7 +4,8 @@ The public API is this short list; everything else is an implementation detail.
 
 - :func:`load_model` opens a model (the shipped sample, a local directory, a cached
   Hugging Face name, or an NDIF model) through nnsight.
-- :func:`capture` runs prefill + decode and records every step as a :class:`Trajectory`.
+- :func:`capture` runs prefill + decode and records every step as a :class:`Trajectory`;
+  a frozen :class:`CaptureConfig` says what is recorded and how it samples.
 - :class:`Trajectory` holds the tables (Polars) and optional tensors, and saves to /
   loads from a run directory.
 - :class:`StepEvent` is what the streaming callback of :func:`capture` receives.
@@ -12,28 +13,30 @@ The public API is this short list; everything else is an implementation detail.
   :func:`steering_sweep` measures how its effect decays with the start depth.
 - :func:`build_profile` fits a prefill :class:`ReferenceProfile`; a :class:`DriftProbe` scores
   decode steps against it while :func:`capture` runs.
-- :func:`compare` builds a standalone HTML comparison report of runs; :func:`export` writes many
+- :func:`compare` builds a standalone HTML comparison report of runs (a :class:`Comparison`);
+  :func:`steering_sweep` returns a :class:`SweepResult`; :func:`export` writes many
   runs as one Hive-partitioned, schema-versioned Parquet dataset.
 - :class:`TrajscopeError` is raised for bad input, with a one-sentence explanation.
 - :class:`TrajScope` is the interactive app (Panel): ``panel serve apps/trajscope.py`` or
   ``ts.TrajScope(model="sample")`` in a notebook.
 """
 
-from trajscope.capture import StepEvent, capture
+from trajscope.capture import CaptureConfig, StepEvent, capture
 from trajscope.errors import TrajscopeError
 from trajscope.export import export
 from trajscope.model import ModelHandle, load_model
-from trajscope.profile import DriftProbe, ReferenceProfile, build_profile
-from trajscope.report import compare
+from trajscope.profile import DriftProbe, ReferenceProfile
+from trajscope.profile_build import build_profile
+from trajscope.report import Comparison, compare
 from trajscope.sae.model import SAE
 from trajscope.steering import SteeringVector
-from trajscope.sweep import steering_sweep
+from trajscope.sweep import SweepResult, steering_sweep
 from trajscope.trajectory import Trajectory
 
 __version__ = "0.1.0"
-__all__ = ["load_model", "capture", "Trajectory", "StepEvent", "ModelHandle", "TrajscopeError", "TrajScope",
-           "SteeringVector", "steering_sweep",
-           "build_profile", "ReferenceProfile", "DriftProbe", "SAE", "compare", "export"]
+__all__ = ["load_model", "ModelHandle", "capture", "CaptureConfig", "StepEvent", "Trajectory", "TrajscopeError",
+           "TrajScope", "SteeringVector", "steering_sweep", "SweepResult", "build_profile", "ReferenceProfile",
+           "DriftProbe", "SAE", "compare", "Comparison", "export"]
 
 
 def __getattr__(name: str):

@@ -23,7 +23,7 @@ import sys
 def cmd_profile(args: argparse.Namespace) -> int:
     import trajscope as ts
     from trajscope.cli import read_prompts
-    from trajscope.profile import build_profile
+    from trajscope.profile_build import build_profile
 
     prompts = [p["prompt"] for p in read_prompts(args.prompts)]
     model = ts.load_model(args.model, device=args.device)
@@ -42,7 +42,8 @@ def cmd_drift(args: argparse.Namespace) -> int:
     import trajscope as ts
     from trajscope.cli import read_prompts
     from trajscope.metrics.residual_drift import drift_by_group, drift_table
-    from trajscope.profile import ReferenceProfile, build_profile
+    from trajscope.profile import ReferenceProfile
+    from trajscope.profile_build import build_profile
 
     prompts = [p["prompt"] for p in read_prompts(args.prompts)]
     prof = ReferenceProfile.load(args.profile) if args.profile else None

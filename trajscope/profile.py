@@ -30,27 +30,24 @@ import numpy as np
 import torch
 
 from trajscope.errors import TrajscopeError
+from trajscope.metrics.residual_stats import ACT_FIELDS, residual_stats
 
 SCALAR_STATS = ("norm", "var", "kurtosis", "outlier_rate", "massive_rate")
 
 
 def position_stats(x: torch.Tensor, median_abs: torch.Tensor | float) -> dict[str, torch.Tensor]:
-    """Per-position statistics of residual vectors.
+    """Per-position statistics of residual vectors (the one kernel, :mod:`trajscope.metrics.residual_stats`).
 
     Args:
         x: ``[n, d_model]``; median_abs: the layer's median |x| (scalar) for the massive rule.
     Returns:
-        ``{stat: [n]}`` for SCALAR_STATS (float64).
+        ``{stat: [n]}`` for SCALAR_STATS (float64); the rates are counts divided by d_model.
     """
-    x = x.double()
-    mean = x.mean(-1, keepdim=True)
-    c = x - mean
-    var = c.pow(2).mean(-1)
-    kurt = torch.where(var > 0, c.pow(4).mean(-1) / var.pow(2).clamp_min(1e-300) - 3.0, torch.zeros_like(var))
-    ax = x.abs()
-    return {"norm": x.norm(dim=-1), "var": var, "kurtosis": kurt,
-            "outlier_rate": (ax > 6.0).double().mean(-1),
-            "massive_rate": ((ax > 100.0) & (ax > 1000.0 * float(median_abs))).double().mean(-1)}
+    st = residual_stats(x, median_abs=float(median_abs), dtype=torch.float64)
+    col = {f: st[..., i] for i, f in enumerate(ACT_FIELDS)}
+    d = x.shape[-1]
+    return {"norm": col["norm"], "var": col["var"], "kurtosis": col["kurtosis"],
+            "outlier_rate": col["n_outliers"] / d, "massive_rate": col["n_massive"] / d}
 
 
 @dataclasses.dataclass
@@ -170,31 +167,6 @@ def profile_from_residuals(residuals: Sequence[dict[int, torch.Tensor]], *, fpr:
     return ReferenceProfile(mean=torch.stack(means), var=torch.stack(vars_), median_abs=torch.stack(meds),
                             stat_mean=torch.stack(smean), stat_std=torch.stack(sstd), threshold=torch.stack(thr),
                             info=info)
-
-
-def build_profile(model: Any, prompts: Sequence[str], *, fpr: float = 0.01, skip_first: bool = True,
-                  heldout_fraction: float = 0.3, seed: int = 0, progress: bool = True) -> ReferenceProfile:
-    """Capture the prefill of every prompt (one step, all layers) and fit a profile.
-
-    Args:
-        model: a :class:`~trajscope.model.ModelHandle`.
-        prompts: prompt texts (at least two).
-        skip_first: leave position 0 out (attention-sink activations).
-    """
-    from tqdm.auto import tqdm
-
-    from trajscope.capture import capture
-
-    if len(prompts) < 2:
-        raise TrajscopeError("A profile needs at least two prompts (one to fit, one to calibrate).")
-    res = []
-    for prompt in tqdm(prompts, desc="prefill profile", unit="prompt", disable=not progress):
-        traj = capture(model, prompt, max_new_tokens=1, residual_layers="all", stop_at_eos=False)
-        start = 1 if skip_first else 0
-        res.append({layer: traj.residual(layer)[start: traj.prompt_len] for layer in range(model.n_layers)})
-    info = {"model_id": model.model_id, "revision": model.revision(), "n_layers": model.n_layers,
-            "d_model": model.d_model, "skip_first": skip_first}
-    return profile_from_residuals(res, fpr=fpr, heldout_fraction=heldout_fraction, seed=seed, info=info)
 
 
 @dataclasses.dataclass(frozen=True)

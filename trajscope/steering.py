@@ -88,7 +88,7 @@ class SteeringVector:
                                  f"so the last step is {max_new_tokens - 1}.")
 
     def spec(self) -> tuple:
-        """The plain tuple that the capture loop applies (see ``_stepstats.steer_output``)."""
+        """The plain tuple that the model boundary applies (see :func:`trajscope.model.steer.steer_hidden`)."""
         return (self.direction, float(self.strength), int(self.start_step),
                 -1 if self.end_step is None else int(self.end_step), self.mode)
 
@@ -168,14 +168,12 @@ class SteeringVector:
             pairs: ``(positive_text, negative_text)`` prompts.
             layer: block whose output is read (and later steered).
         """
-        from trajscope.forward import last_token_residuals
-
         if not pairs:
             raise TrajscopeError("CAA needs at least one contrast pair.")
         if not 0 <= layer < model.n_layers:
             raise TrajscopeError(f"Steering layer {layer} is out of range; the model has layers 0..{model.n_layers - 1}.")
-        pos = last_token_residuals(model, [p for p, _ in pairs], layer)
-        neg = last_token_residuals(model, [n for _, n in pairs], layer)
+        pos = model.read_residuals([p for p, _ in pairs], layer)
+        neg = model.read_residuals([n for _, n in pairs], layer)
         return cls(layer=layer, direction=(pos - neg).mean(0), strength=strength, name=name, **kwargs)
 
     @classmethod

@@ -20,7 +20,6 @@ from typing import Any, Sequence
 import polars as pl
 
 from trajscope.capture import capture
-from trajscope.forward import forced_forward
 from trajscope.errors import TrajscopeError
 from trajscope.metrics.steering import decay_summary, step_effects
 from trajscope.model import ModelHandle
@@ -112,7 +111,7 @@ def steering_sweep(model: ModelHandle, prompts: Sequence[str], vector: SteeringV
                 break
             base = capture(model, prompt, max_new_tokens=n_new, temperature=temperature, seed=seed, stop_at_eos=False)
             P, seq = base.prompt_len, base.token_ids[:-1]
-            ref = forced_forward(model, seq, P, [], layers=[vector.layer])
+            ref = model.forward(seq, prompt_len=P, layers=[vector.layer])
             run_id = f"p{pi}-s{seed}"
             for strength, k in itertools.product(strengths, depths):
                 if cancel is not None and cancel.is_set():
@@ -121,9 +120,9 @@ def steering_sweep(model: ModelHandle, prompts: Sequence[str], vector: SteeringV
                 vec = vector.at(start_step=k, strength=strength)
                 steered = capture(model, prompt, max_new_tokens=n_new, temperature=temperature, seed=seed,
                                   stop_at_eos=False, steering=[vec])
-                forced = forced_forward(model, seq, P, [vec], layers=[vector.layer])
-                eff = step_effects(ref["logits"], forced["logits"], ref["resid"][vector.layer],
-                                   forced["resid"][vector.layer], unit, base.token_ids, steered.token_ids, P, tgt)
+                forced = model.forward(seq, prompt_len=P, steering=[vec], layers=[vector.layer])
+                eff = step_effects(ref.logits, forced.logits, ref.resid[vector.layer],
+                                   forced.resid[vector.layer], unit, base.token_ids, steered.token_ids, P, tgt)
                 rows.append(eff.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(pi).alias("prompt_idx"),
                                              pl.lit(seed).alias("seed"), pl.lit(k).alias("start_step"),
                                              pl.lit(float(strength)).alias("strength")))

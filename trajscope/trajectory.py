@@ -8,7 +8,9 @@ for at capture time, tensors:
   ``top_ids`` / ``top_texts`` / ``top_logprobs`` describe the next-token
   distribution computed *at* this position (null for the last token, which no
   step consumed). ``step`` is the forward pass in which the position was a
-  query: 0 for the prompt, ``pos - P + 1`` after it.
+  query (the query step: 0 for the prompt) and ``produced_at_step`` the pass
+  that produced a generated token (null for the prompt); both come from
+  :mod:`trajscope.positions`.
 - ``attention``: one row per query position × layer × head (step 0 holds the P
   prompt queries of the prefill pass, step s ≥ 1 the one decode query).
 - ``activations``: one row per computed position × layer (block outputs).
@@ -33,14 +35,13 @@ import shutil
 import tempfile
 from typing import Any
 
-import numpy as np
 import polars as pl
 import torch
 
-from trajscope import _stepstats
+from trajscope import positions
 from trajscope.errors import TrajscopeError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: tokens.produced_at_step; step is always the query step
 TABLES = ("tokens", "attention", "activations")
 OPTIONAL_TABLES = ("features", "probe")  # present when an SAE / a drift probe was attached
 TENSOR_FILE = "tensors.safetensors"
@@ -205,9 +206,9 @@ class Trajectory:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TrajscopeError(f"Run directory '{path}' has a corrupt meta.json ({exc}).") from None
         version = meta.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in (1, SCHEMA_VERSION):
             raise TrajscopeError(f"Run directory '{path}' has schema version {version}; this trajscope reads "
-                                 f"version {SCHEMA_VERSION}.")
+                                 f"versions 1 and {SCHEMA_VERSION}.")
         tables = {}
         for name in list(TABLES) + [t for t in OPTIONAL_TABLES if t in meta.get("tables", ())]:
             f = path / f"{name}.parquet"
@@ -232,128 +233,17 @@ class Trajectory:
                 tensors = load_file(str(f))
             except Exception as exc:
                 raise TrajscopeError(f"Run directory '{path}' has an unreadable {TENSOR_FILE} ({exc}).") from None
+        if version == 1:  # converter: v1 tokens lack produced_at_step (same meaning of step)
+            tables["tokens"] = upgrade_tokens_v1(tables["tokens"], int(meta["prompt_len"]))
+            meta["schema_version"] = SCHEMA_VERSION
         return cls(meta=meta, tensors=tensors, **tables)
 
 
-# -- building tables from capture records ------------------------------------------------------
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().float().cpu().numpy() if t.is_floating_point() else t.detach().cpu().numpy()
-
-
-def build_tables(meta: dict, recs: list[dict], token_ids: list[int], final_lp: torch.Tensor | None,
-                 tokenizer: Any, res_layers: list[int], row_layers: list[int]) -> tuple[dict, dict]:
-    """Turn per-step capture records into the three tables and the kept tensors.
-
-    Args:
-        meta: needs ``run_id`` and ``prompt_len``.
-        recs: capture records in step order (see :func:`trajscope.capture._step_record`).
-        token_ids: all ids (the consumed ones plus, when known, the last produced one).
-        final_lp: ``[vocab]`` log-probabilities that produced the last token, or None.
-    Returns:
-        ``({"tokens": df, "attention": df, "activations": df}, tensors)``.
-    """
-    run_id, P = meta["run_id"], int(meta["prompt_len"])
-    n_comp = sum(len(r["ids"]) for r in recs)
-    T = len(token_ids)
-    pos = np.arange(T)
-    step = np.maximum(0, pos - P + 1)
-    logprob = np.full(T, np.nan, dtype=np.float32)
-    if recs:
-        chosen = np.concatenate([_np(r["chosen_lp"]).reshape(-1) for r in recs])
-        logprob[1 : 1 + len(chosen)] = chosen
-    if final_lp is not None and T > n_comp:
-        logprob[T - 1] = float(final_lp[token_ids[-1]])
-    k_tok = int(meta.get("top_k_tokens", 5))
-    entropy = np.full(T, np.nan, dtype=np.float32)
-    top_ids = np.full((T, k_tok), -1, dtype=np.int64)
-    top_lp = np.full((T, k_tok), np.nan, dtype=np.float32)
-    if recs:
-        entropy[:n_comp] = np.concatenate([_np(r["entropy"]) for r in recs])
-        top_ids[:n_comp] = np.concatenate([_np(r["top_ids"]) for r in recs])
-        top_lp[:n_comp] = np.concatenate([_np(r["top_lp"]) for r in recs])
-    texts = tokenizer.batch_decode([[i] for i in token_ids]) if T else []
-    flat_top = [int(i) for i in top_ids[:n_comp].reshape(-1)]
-    top_texts = tokenizer.batch_decode([[i] for i in flat_top]) if flat_top else []
-    top_texts_rows = [top_texts[i * k_tok:(i + 1) * k_tok] for i in range(n_comp)] + [None] * (T - n_comp)
-    tokens = pl.DataFrame({
-        "run_id": [run_id] * T, "pos": pos.astype(np.int32), "step": step.astype(np.int32),
-        "phase": np.where(pos < P, "prefill", "decode"), "token_id": np.asarray(token_ids, dtype=np.int64),
-        "text": texts, "logprob": logprob, "entropy": entropy,
-        "top_ids": [list(map(int, r)) if i < n_comp else None for i, r in enumerate(top_ids)],
-        "top_texts": top_texts_rows,
-        "top_logprobs": [list(map(float, r)) if i < n_comp else None for i, r in enumerate(top_lp)],
-    }, schema_overrides={"top_ids": pl.List(pl.Int64), "top_texts": pl.List(pl.String),
-                         "top_logprobs": pl.List(pl.Float32)}).with_columns(pl.col("logprob", "entropy").fill_nan(None))
-
-    attention = _attention_table(run_id, P, recs, int(meta.get("top_k_keys", 8)))
-    activations = _activation_table(run_id, P, recs)
-    tensors: dict[str, torch.Tensor] = {}
-    for layer in res_layers:
-        if recs:
-            tensors[f"residual.{layer}"] = torch.cat([r["resid"][layer].float().cpu() for r in recs])
-    for layer in row_layers:
-        if recs:
-            tensors[f"attention.{layer}"] = _square_rows([r["rows"][layer] for r in recs], recs, n_comp)
-    return {"tokens": tokens, "attention": attention, "activations": activations}, tensors
-
-
-def _square_rows(rows: list[torch.Tensor], recs: list[dict], n: int) -> torch.Tensor:
-    """Place per-step rows ``[H, q, k]`` into one ``[H, n, n]`` query × key matrix."""
-    H = rows[0].shape[0]
-    out = torch.zeros(H, n, n, dtype=torch.float32)
-    for r, rec in zip(rows, recs):
-        q0, q, k = rec["first_pos"], r.shape[1], r.shape[2]
-        out[:, q0:q0 + q, :k] = r.float().cpu()
-    return out
-
-
-def _attention_table(run_id: str, P: int, recs: list[dict], top_k: int) -> pl.DataFrame:
-    cols: dict[str, list] = {c: [] for c in ("step", "pos", "layer", "head", "stats", "top_pos", "top_w")}
-    for r in recs:
-        st = _np(r["attn"])  # [L, H, q, 7]
-        L, H, q, _ = st.shape
-        grid_q, grid_l, grid_h = np.meshgrid(np.arange(q), np.arange(L), np.arange(H), indexing="ij")
-        cols["step"].append(np.full(q * L * H, r["step"], dtype=np.int32))
-        cols["pos"].append((r["first_pos"] + grid_q).reshape(-1).astype(np.int32))
-        cols["layer"].append(grid_l.reshape(-1).astype(np.int16))
-        cols["head"].append(grid_h.reshape(-1).astype(np.int16))
-        cols["stats"].append(st.transpose(2, 0, 1, 3).reshape(-1, st.shape[-1]))
-        cols["top_pos"].append(_np(r["top_pos"]).transpose(2, 0, 1, 3).reshape(-1, top_k))
-        cols["top_w"].append(_np(r["top_w"]).transpose(2, 0, 1, 3).reshape(-1, top_k))
-    if not recs:
-        return pl.DataFrame(schema={"run_id": pl.String, "step": pl.Int32, "pos": pl.Int32, "layer": pl.Int16,
-                                    "head": pl.Int16, **{f: pl.Float32 for f in _stepstats.ATTN_FIELDS},
-                                    "top_pos": pl.List(pl.Int32), "top_w": pl.List(pl.Float32)})
-    stats = np.concatenate(cols["stats"]).astype(np.float32)
-    n = len(stats)
-    df = pl.DataFrame({
-        "run_id": [run_id] * n, "step": np.concatenate(cols["step"]), "pos": np.concatenate(cols["pos"]),
-        "layer": np.concatenate(cols["layer"]), "head": np.concatenate(cols["head"]),
-        **{f: stats[:, i] for i, f in enumerate(_stepstats.ATTN_FIELDS)},
-        "top_pos": np.concatenate(cols["top_pos"]).astype(np.int32),
-        "top_w": np.concatenate(cols["top_w"]).astype(np.float32),
-    })
-    df = df.with_columns(pl.col("top_pos", "top_w").arr.to_list())
-    keep = pl.col("top_pos").list.eval(pl.element() >= 0).list.sum()
-    return df.with_columns(pl.col("top_pos").list.head(keep), pl.col("top_w").list.head(keep))
-
-
-def _activation_table(run_id: str, P: int, recs: list[dict]) -> pl.DataFrame:
-    parts = []
-    for r in recs:
-        st = _np(r["act"])  # [L, q, 7]
-        L, q, _ = st.shape
-        grid_q, grid_l = np.meshgrid(np.arange(q), np.arange(L), indexing="ij")
-        parts.append((r["first_pos"] + grid_q.reshape(-1), grid_l.reshape(-1), st.transpose(1, 0, 2).reshape(-1, 7)))
-    if not parts:
-        return pl.DataFrame(schema={"run_id": pl.String, "pos": pl.Int32, "step": pl.Int32, "phase": pl.String,
-                                    "layer": pl.Int16, **{f: pl.Float32 for f in _stepstats.ACT_FIELDS}})
-    pos = np.concatenate([p[0] for p in parts]).astype(np.int32)
-    stats = np.concatenate([p[2] for p in parts]).astype(np.float32)
-    df = pl.DataFrame({
-        "run_id": [run_id] * len(pos), "pos": pos, "step": np.maximum(0, pos - P + 1).astype(np.int32),
-        "phase": np.where(pos < P, "prefill", "decode"),
-        "layer": np.concatenate([p[1] for p in parts]).astype(np.int16),
-        **{f: stats[:, i] for i, f in enumerate(_stepstats.ACT_FIELDS)},
-    })
-    return df.with_columns(pl.col("n_outliers", "n_massive").cast(pl.Int32))
+def upgrade_tokens_v1(tokens: pl.DataFrame, prompt_len: int) -> pl.DataFrame:
+    """Schema 1 → 2: add ``produced_at_step`` after ``step`` (docs/schema.md, "Converters")."""
+    if "produced_at_step" in tokens.columns:
+        return tokens
+    cols = tokens.columns
+    i = cols.index("step") + 1 if "step" in cols else len(cols)
+    out = tokens.with_columns(positions.produced_at_step_expr(prompt_len))
+    return out.select(*cols[:i], "produced_at_step", *cols[i:])

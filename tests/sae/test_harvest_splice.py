@@ -83,10 +83,10 @@ class _Identity(torch.nn.Module):
 def test_splice_is_zero_for_perfect_reconstruction_and_matches_manual_kl(tiny_dirs, llama, harvested):
     hf = llama.torch_module()
     ids = harvested.sequences["token_ids"][0].to_list()
-    zero = splice_sequence(hf, ids, 1, _Identity(llama.d_model))
+    zero = splice_sequence(llama, ids, 1, _Identity(llama.d_model))
     assert zero["kl"].abs().max() < 1e-6 and zero["ce_increase"].drop_nulls().abs().max() < 1e-5
     sae = tiny_sae("topk", d_in=llama.d_model, d_sae=64, k=4)
-    got = splice_sequence(hf, ids, 1, sae)
+    got = splice_sequence(llama, ids, 1, sae)
     # an independent path: wrap the decoder layer's forward instead of registering a hook
     layer = hf.model.layers[1]
     orig = layer.forward
@@ -112,5 +112,5 @@ def test_splice_is_zero_for_perfect_reconstruction_and_matches_manual_kl(tiny_di
     assert float(got["kl"].mean()) > 0
     # the hook is gone afterwards
     assert not hf.model.layers[1]._forward_hooks
-    rows = splice_rows(hf, harvested.sequences, harvested.rows, 1, sae)
+    rows = splice_rows(llama, harvested.sequences, harvested.rows, 1, sae)
     assert rows.height == harvested.rows.height and rows["kl"].null_count() == 0

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 import trajscope as ts
-from trajscope.profile import build_profile
+from trajscope.profile_build import build_profile
 from trajscope.ui import analysis_plots as ap
 from trajscope.ui.analysis_state import DriftSettings, parse_depths
 from trajscope.ui.state import AppState

@@ -62,8 +62,7 @@ def drift_report(harvest: Harvest, saes: Mapping[str, SAE], *, model: Any = None
         recons[name] = (x_hat, f)
         if model is not None:
             cb = (lambda d, t, name=name: progress(name, d, t)) if progress is not None else None
-            splices[name] = splice_rows(model.torch_module(), harvest.sequences, rows, harvest.layer, sae,
-                                        model.family.blocks, progress=cb)
+            splices[name] = splice_rows(model, harvest.sequences, rows, harvest.layer, sae, progress=cb)
         for label, mask in groups:
             m = torch.from_numpy(mask.fill_null(False).to_numpy())
             overlaps.append({"sae": name, "decode_group": label,

@@ -28,6 +28,8 @@ from typing import Any, Callable, Sequence
 import polars as pl
 import torch
 
+from trajscope import positions
+from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
 from trajscope.metrics.sae_eval import depth_band, entropy_band
 
@@ -104,8 +106,8 @@ def _rows_of(traj: Any, seq: int, prompt_id: str, source: str, with_prefill: boo
     ent = tok["entropy"].to_list()
     df = pl.DataFrame({
         "seq": [seq] * len(pos), "prompt_id": [prompt_id] * len(pos), "source": [source] * len(pos),
-        "pos": pos, "step": [0 if p < P else p - P + 1 for p in pos],
-        "phase": ["prefill" if p < P else "decode" for p in pos],
+        "pos": pos, "step": [positions.query_step(p, P) for p in pos],
+        "phase": [positions.phase(p, P) for p in pos],
         "token_id": [ids[p] for p in pos], "next_id": [ids[p + 1] if p + 1 < len(ids) else None for p in pos],
         "entropy": [ent[p] for p in pos],
     }, schema_overrides={"next_id": pl.Int64, "entropy": pl.Float64})
@@ -123,47 +125,27 @@ class _ForwardRun:
         return self._resid
 
 
-@torch.no_grad()
 def forward_run(model: Any, prompt: str, layer: int, *, max_new_tokens: int, temperature: float,
                 top_p: float | None, seed: int, stop_at_eos: bool) -> _ForwardRun:
-    """Generate with Hugging Face ``generate`` (KV cache), then read block ``layer``'s output and the
-    next-token entropy at every computed position from one full-sequence forward without a cache.
+    """Generate with plain Hugging Face ``generate`` (KV cache), then read block ``layer``'s output and the
+    next-token entropy at every computed position from one full-sequence forward without a cache
+    (both through the model boundary: :meth:`~trajscope.model.ModelHandle.generate_ids` and
+    :meth:`~trajscope.model.ModelHandle.forward`).
 
     The foundation's acceptance test pins ``capture``'s residuals to exactly this no-cache forward
-    (1e-4 relative), and ``tests/sae/test_harvest.py`` checks both engines give the same rows.
+    (1e-4 relative), and ``tests/sae/test_harvest_splice.py`` checks both engines give the same rows.
     """
-    from trajscope.capture import _seeded, encode_prompt
-    from trajscope.sae.splice import block_module
-
-    hf = model.torch_module()
-    ids = encode_prompt(model, prompt)
+    ids = model.encode(prompt)
     P = len(ids)
-    dev = next(hf.parameters()).device
-    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "pad_token_id": model.tokenizer.pad_token_id}
-    if temperature > 0:
-        kwargs.update(do_sample=True, temperature=float(temperature), top_p=top_p or 1.0, top_k=0)
-    else:
-        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    eos = model.eos_token_id
-    kwargs["eos_token_id"] = eos if (stop_at_eos and eos is not None) else []
-    with _seeded(seed if temperature > 0 else None):
-        out = hf.generate(torch.tensor([ids], device=dev), **kwargs)[0].tolist()
+    out = model.generate_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                             stop_at_eos=stop_at_eos)
     n = len(out) - 1  # positions that were a query of some step (the last token never was)
-    grabbed: list[torch.Tensor] = []
-
-    def hook(_m: Any, _i: Any, o: Any) -> None:
-        grabbed.append((o[0] if isinstance(o, tuple) else o)[0].detach())
-
-    handle = block_module(hf, layer, model.family.blocks).register_forward_hook(hook)
-    try:
-        logits = hf(input_ids=torch.tensor([out[:n]], device=dev), use_cache=False).logits[0].float()
-    finally:
-        handle.remove()
-    lp = logits.log_softmax(-1)
-    ent = (-(lp.exp() * lp).sum(-1)).double().cpu().tolist()
+    fw = model.forward(out[:n], layers=[layer])
+    lp = fw.logits.log_softmax(-1)
+    ent = (-(lp.exp() * lp).sum(-1)).double().tolist()
     tokens = pl.DataFrame({"pos": list(range(len(out))), "token_id": out, "entropy": [*ent, None]},
                           schema_overrides={"entropy": pl.Float64})
-    return _ForwardRun({"prompt_len": P, "residual_layers": [layer]}, tokens, grabbed[0].float().cpu())
+    return _ForwardRun({"prompt_len": P, "residual_layers": [layer]}, tokens, fw.resid[layer])
 
 
 def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: int = 256, n_sampled: int = 1,
@@ -190,8 +172,6 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
     Returns:
         A :class:`Harvest`; ``acts`` is ``[N, d_model]`` float32.
     """
-    import trajscope as ts
-
     if not prompts:
         raise TrajscopeError("The prompt set is empty.")
     if engine not in ("capture", "forward"):
@@ -218,9 +198,10 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
                 traj = forward_run(model, item["prompt"], layer, max_new_tokens=max(1, max_new_tokens),
                                    temperature=temp, top_p=top_p, seed=s, stop_at_eos=stop_at_eos)
             else:
-                traj = ts.capture(model, item["prompt"], max_new_tokens=max(1, max_new_tokens), temperature=temp,
-                                  top_p=top_p if temp > 0 else None, seed=s, stop_at_eos=stop_at_eos,
-                                  residual_layers=[layer], run_id=f"{pid}-{source}")
+                cfg = CaptureConfig(max_new_tokens=max(1, max_new_tokens), temperature=temp,
+                                    top_p=top_p if temp > 0 else None, seed=s, stop_at_eos=stop_at_eos,
+                                    residual_layers=[layer])
+                traj = capture(model, item["prompt"], cfg, run_id=f"{pid}-{source}")
             seq = len(seqs)
             df, pos, ids = _rows_of(traj, seq, pid, source, with_prefill=(j == 0))
             if max_new_tokens <= 0:

@@ -1,8 +1,9 @@
-"""Per-step statistics computed inside the generation trace, with torch alone.
+"""Capture's in-trace kernels: per-step reductions computed inside the generation trace.
 
 These functions run *while* a step executes (locally) or on the NDIF server
-(remotely, where this module is shipped by value with ``nnsight.register``), so
-they import nothing but torch and return small tensors. They reduce the big
+(remotely, where this module and :mod:`trajscope.metrics.residual_stats` are
+shipped by value with ``nnsight.register``), so they import nothing but torch
+and return small tensors. They reduce the big
 per-step tensors (attention probabilities, residual vectors, logits) to the
 numbers the tables keep; the definitions follow DESIGN.md:
 
@@ -10,9 +11,8 @@ numbers the tables keep; the definitions follow DESIGN.md:
   divided by ``log(#keys)``; ``prefix_mass = Σ_{j<P} a_j``; ``generated_mass =
   Σ_{j≥P} a_j``; ``sink_mass = a_0``; ``sink4_mass = Σ_{j<4} a_j`` (StreamingLLM);
   ``self_mass = a_i`` for the query's own position ``i``;
-- residual statistics per vector: L2 norm, mean, population variance, excess
-  kurtosis, max |x|, outliers ``|x| > 6`` (LLM.int8) and massive activations
-  ``|x| > 100`` and ``> 1000 ×`` the vector's median |x|;
+- residual statistics per vector: :func:`trajscope.metrics.residual_stats.residual_stats`
+  (the one definition; in the trace each vector's own median |x| is the massive-rule reference);
 - next-token distribution: entropy of ``softmax(logits)`` in nats and the top-k.
 """
 
@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import torch
 
-OUTLIER_ABS = 6.0
-MASSIVE_ABS = 100.0
-MASSIVE_RATIO = 1000.0
+from trajscope.metrics.residual_stats import ACT_FIELDS, residual_stats
+
 ATTN_FIELDS = ("entropy", "entropy_norm", "prefix_mass", "generated_mass", "sink_mass", "sink4_mass", "self_mass")
-ACT_FIELDS = ("norm", "mean", "var", "kurtosis", "max_abs", "n_outliers", "n_massive")
+__all__ = ["ACT_FIELDS", "ATTN_FIELDS", "attention_stats", "token_stats", "step_record", "probe_scores"]
 
 
 def attention_stats(a: torch.Tensor, prompt_len: int, first_query_pos: int, top_k: int = 8) -> dict:
@@ -70,30 +69,6 @@ def attention_stats(a: torch.Tensor, prompt_len: int, first_query_pos: int, top_
     return {"stats": stats, "top_pos": top_pos, "top_w": top_w}
 
 
-def residual_stats(x: torch.Tensor) -> torch.Tensor:
-    """Per-vector statistics of residual activations.
-
-    Args:
-        x: ``[..., d_model]``.
-
-    Returns:
-        ``[..., 7]`` float32 in ACT_FIELDS order (counts stored as floats).
-    """
-    x = x.float()
-    mean = x.mean(-1)
-    centred = x - mean.unsqueeze(-1)
-    var = centred.pow(2).mean(-1)
-    m4 = centred.pow(4).mean(-1)
-    kurt = torch.where(var > 0, m4 / var.pow(2).clamp_min(1e-30) - 3.0, torch.zeros_like(var))
-    ax = x.abs()
-    max_abs = ax.amax(-1)
-    n_out = (ax > OUTLIER_ABS).sum(-1).float()
-    med = ax.median(-1).values.unsqueeze(-1)
-    n_massive = ((ax > MASSIVE_ABS) & (ax > MASSIVE_RATIO * med)).sum(-1).float()
-    norm = x.norm(dim=-1)
-    return torch.stack([norm, mean, var, kurt, max_abs, n_out, n_massive], dim=-1)
-
-
 def token_stats(logits: torch.Tensor, top_k: int = 5) -> dict:
     """Next-token distribution summaries.
 
@@ -110,21 +85,24 @@ def token_stats(logits: torch.Tensor, top_k: int = 5) -> dict:
     return {"logprobs": lp, "entropy": ent, "top_ids": top_ids, "top_lp": top_lp}
 
 
-def step_record(step, first_pos, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> dict:
+def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> dict:
     """Reduce one step's tensors to its record (all small tensors).
 
     Args:
-        step: 0 for prefill, s ≥ 1 for decode; first_pos: position of the first query row.
+        step: 0 for prefill, s ≥ 1 for decode. Its first query row sits at position 0 (prefill) or
+            ``P + s − 1`` (:func:`trajscope.positions.query_positions`, restated here because this
+            kernel runs where trajscope may not be installed).
         P: prompt length; consumed: ``[q]`` ids fed to this step.
         attn_rows: per layer ``[H, q, k]``; resid: per layer ``[q, d_model]``; logits: ``[q, vocab]``.
         prev_lp: ``[vocab]`` log-probabilities of the previous step's last row (None at step 0).
         opts: ``(residual_layers, attention_layers, top_k_keys, top_k_tokens, probe, sae)``; ``sae`` is
             None or ``(layer, encode)`` with ``encode([q, d]) -> dict of [q, …] tensors``.
     Returns:
-        The record dict that :func:`trajscope.trajectory.build_tables` consumes; its
+        The record dict that :class:`trajscope.capture.record.StepRecord` wraps; its
         ``"last_lp"`` entry is the ``[vocab]`` log-probabilities of this step's last row.
     """
     res_layers, row_layers, top_k_keys, top_k_tokens, probe, sae = opts
+    first_pos = 0 if step == 0 else P + step - 1
     q = consumed.shape[0]
     if q == 1:
         a_stats = attention_stats(torch.stack(attn_rows), P, first_pos, top_k_keys)
@@ -167,35 +145,3 @@ def probe_scores(resid, probe, step: int, entropy: torch.Tensor):
         return None
     x = torch.stack([resid[layer][-1] for layer in layers]).float()
     return ((x - mean.to(x.device)) * inv_sd.to(x.device)).pow(2).mean(-1).sqrt()
-
-
-def steer_output(out, specs, steps: torch.Tensor):
-    """Apply the steering specs to a block output, position by position.
-
-    Args:
-        out: the block output, ``[batch, q, d_model]`` (or a tuple whose first item is).
-        specs: tuples ``(direction [d_model], strength, start_step, end_step or -1, mode)``
-            for this block; ``mode`` is ``"add"`` (h + strength·direction) or ``"clamp"``
-            (set the component along the unit direction to ``strength``).
-        steps: ``[q]`` the step each query position belongs to (0 = prefill).
-    Returns:
-        The steered output (same structure as ``out``), or None when no spec is active
-        at any of the positions.
-    """
-    h = out[0] if isinstance(out, tuple) else out
-    changed = False
-    for direction, strength, start, end, mode in specs:
-        on = (steps >= start) & ((steps < end) if end >= 0 else torch.ones_like(steps, dtype=torch.bool))
-        if not bool(on.any()):
-            continue
-        changed = True
-        m = on.to(device=h.device, dtype=h.dtype).unsqueeze(-1)
-        d = direction.to(device=h.device, dtype=h.dtype)
-        if mode == "add":
-            h = h + m * (strength * d)
-        else:
-            u = d / d.norm()
-            h = h + m * (strength - (h * u).sum(-1, keepdim=True)) * u
-    if not changed:
-        return None
-    return (h,) + tuple(out[1:]) if isinstance(out, tuple) else h

@@ -1,8 +1,8 @@
 """Attachments to a capture: an SAE (features table) and an online drift probe (probe table).
 
-:func:`trajscope.capture` hands the capture loop a plain ``(layer, encode)`` tuple
+:func:`trajscope.capture` hands the in-trace kernel a plain ``(layer, encode)`` tuple
 for an SAE and the :meth:`~trajscope.profile.DriftProbe.spec` tuple for a probe;
-the step records then carry their small per-step outputs, which the functions
+the :class:`~trajscope.capture.record.StepRecord` s then carry their small per-step outputs, which the functions
 here turn into the ``features`` table (position × top-k active feature, plus
 ``sae_l0`` / ``sae_rel_err`` / ``sae_cos`` columns on ``tokens``) and the
 ``probe`` table (probed step × layer: score, threshold, flagged).
@@ -17,6 +17,8 @@ import torch
 
 from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle
+from trajscope import positions
+from trajscope.capture.record import StepRecord
 from trajscope.trajectory import Trajectory
 
 
@@ -38,11 +40,11 @@ def sae_spec(model: ModelHandle, sae: Any, k: int) -> tuple | None:
     return (layer, functools.partial(sae_features, sae, k=k))
 
 
-def feature_tables(traj: Trajectory, records: list[dict], layer: int, sae_name: str):
+def feature_tables(traj: Trajectory, records: list[StepRecord], layer: int, sae_name: str):
     """The ``features`` table (position × top-k active feature) and ``tokens`` with SAE columns."""
     import polars as pl
 
-    outs = [r["sae"] for r in records]
+    outs = [r.sae for r in records]
     if not outs:
         return pl.DataFrame(), traj.tokens
     feat = torch.cat([o["feature"] for o in outs]).cpu()
@@ -53,8 +55,7 @@ def feature_tables(traj: Trajectory, records: list[dict], layer: int, sae_name: 
     P = traj.prompt_len
     features = pl.DataFrame({"pos": pos[keep].numpy().astype("int32"), "feature": feat[keep].numpy(),
                              "value": val[keep].numpy()}).with_columns(
-        pl.lit(traj.run_id).alias("run_id"), (pl.col("pos") - P + 1).clip(lower_bound=0).cast(pl.Int32).alias("step"),
-        pl.when(pl.col("pos") < P).then(pl.lit("prefill")).otherwise(pl.lit("decode")).alias("phase"),
+        pl.lit(traj.run_id).alias("run_id"), positions.query_step_expr(P), positions.phase_expr(P),
         pl.lit(layer).cast(pl.Int16).alias("layer"), pl.lit(sae_name).alias("sae"),
     ).select("run_id", "pos", "step", "phase", "layer", "sae", "feature", "value")
     sq_err = torch.cat([o["sq_err"] for o in outs]).cpu()
@@ -66,13 +67,13 @@ def feature_tables(traj: Trajectory, records: list[dict], layer: int, sae_name: 
     return features, traj.tokens.join(per_pos, on="pos", how="left")
 
 
-def probe_table(traj: Trajectory, records: list[dict], spec: tuple):
+def probe_table(traj: Trajectory, records: list[StepRecord], spec: tuple):
     """One row per probed step × layer: run_id, step, pos, layer, score, threshold, flagged."""
     import polars as pl
 
     layers, thr = spec[0], spec[3].tolist()
-    rows = [(r["step"], r["first_pos"] + len(r["ids"]) - 1, layer, float(sc), thr[i])
-            for r in records if r.get("probe") is not None for i, (layer, sc) in enumerate(zip(layers, r["probe"].tolist()))]
+    rows = [(r.step, r.last_pos, layer, float(sc), thr[i])
+            for r in records if r.probe is not None for i, (layer, sc) in enumerate(zip(layers, r.probe.tolist()))]
     df = pl.DataFrame(rows, schema={"step": pl.Int32, "pos": pl.Int32, "layer": pl.Int16, "score": pl.Float64,
                                     "threshold": pl.Float64}, orient="row")
     return df.with_columns(pl.lit(traj.run_id).alias("run_id"), (pl.col("score") > pl.col("threshold")).alias("flagged")

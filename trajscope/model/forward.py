@@ -1,0 +1,288 @@
+"""Forwards over known tokens: teacher forcing, reads, splices, key masks, chunks, prefixes, batches.
+
+Generation lives in :mod:`trajscope.model.generation`; the functions here run
+the model over token ids that are already known. Locally they call the Hugging
+Face module with forward hooks that are registered for the call and always
+removed (``finally``); for NDIF models the teacher-forced forward with steering
+and reads runs as one nnsight trace instead (the other operations need the
+weights here and say so).
+
+Positions and steps follow :mod:`trajscope.positions`: position ``p`` belongs to
+query step ``max(0, p − P + 1)``, so a steering vector with ``start_step = k``
+acts on exactly the queries the generation loop would steer.
+
+Key masks (KV eviction, context compaction): ``key_mask`` is a boolean tensor
+over key positions — ``[K]``, ``[L, K]`` or ``[L, H, K]`` (layer, head) — saying
+which keys the queries at positions ``≥ mask_from`` may see (default
+``mask_from = P``, the decode queries); earlier queries see every earlier key.
+It is applied by replacing each attention module's ``attention_mask`` argument
+with an additive ``[1, H, q, k]`` mask (causal ∧ key mask), which the eager
+kernel adds to the scores before the softmax.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from trajscope import positions
+from trajscope.errors import TrajscopeError
+from trajscope.model import steer as steer_kernel
+from trajscope.model.families import get_path, hidden, with_hidden
+from trajscope.model.handle import ForwardResult
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Seed torch's RNGs for the body, restoring their state afterwards (no-op seeding when None)."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        if seed is not None:
+            torch.manual_seed(seed)
+        yield
+
+
+def steer_specs(model: Any, steering: Sequence[Any]) -> list[list[tuple]]:
+    """Per layer, the spec tuples of the steering vectors on that layer."""
+    return [[v.spec() for v in steering if v.layer == layer] for layer in range(model.n_layers)]
+
+
+def _blocks(hf: torch.nn.Module, model: Any) -> Any:
+    return get_path(hf, model.family.blocks)
+
+
+def _device(hf: torch.nn.Module) -> torch.device:
+    return next(hf.parameters()).device
+
+
+def expand_key_mask(key_mask: torch.Tensor, n_layers: int, n_heads: int, n_keys: int) -> torch.Tensor:
+    """A key mask as ``[L, H, n_keys]`` bool; keys past its end are visible (generated positions)."""
+    m = torch.as_tensor(key_mask, dtype=torch.bool).cpu()
+    if m.dim() == 1:
+        m = m.expand(n_layers, n_heads, -1)
+    elif m.dim() == 2:
+        m = m[:, None, :].expand(-1, n_heads, -1)
+    if m.dim() != 3 or m.shape[0] != n_layers or m.shape[1] != n_heads:
+        raise TrajscopeError(f"A key mask must be [keys], [layers, keys] or [layers, heads, keys] with "
+                             f"{n_layers} layers and {n_heads} heads; got shape {tuple(key_mask.shape)}.")
+    if m.shape[2] < n_keys:
+        m = torch.cat([m, torch.ones(n_layers, n_heads, n_keys - m.shape[2], dtype=torch.bool)], dim=2)
+    return m[:, :, :n_keys]
+
+
+def additive_masks(key_mask: torch.Tensor, q_positions: torch.Tensor, n_keys: int, mask_from: int,
+                   dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``[L, 1, H, q, n_keys]`` additive masks: 0 where a query may see a key, the dtype's minimum elsewhere."""
+    L, H, _ = key_mask.shape
+    k = torch.arange(n_keys)
+    causal = k[None, :] <= q_positions[:, None]  # [q, K]
+    masked_rows = (q_positions >= mask_from)[:, None]  # [q, 1]
+    allowed = causal[None, None] & (~masked_rows[None, None] | key_mask[:, :, None, :])  # [L, H, q, K]
+    out = torch.zeros(allowed.shape, dtype=dtype)
+    out.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return out.unsqueeze(1).to(device)
+
+
+@contextlib.contextmanager
+def _hooks(model: Any, hf: torch.nn.Module, *, steer: list, steps: torch.Tensor, layers: set[int],
+           splice: tuple[int, Callable] | None, masks: torch.Tensor | None, grabbed: dict) -> Iterator[None]:
+    """Forward hooks for one call: steering, splicing, reads and key masks; removed on exit."""
+    handles = []
+    try:
+        for layer, block in enumerate(_blocks(hf, model)):
+            spl = splice[1] if splice is not None and splice[0] == layer else None
+            if steer[layer] or spl is not None or layer in layers:
+                def hook(_m, _i, out, layer=layer, specs=steer[layer], spl=spl):
+                    h = hidden(out)
+                    new = steer_kernel.steer_hidden(h, specs, steps.to(h.device)) if specs else None
+                    if spl is not None:
+                        new = spl(h if new is None else new)
+                    if layer in layers:
+                        grabbed[layer] = (h if new is None else new).detach().float().cpu()
+                    return None if new is None else with_hidden(out, new)
+
+                handles.append(block.register_forward_hook(hook))
+            if masks is not None:
+                def pre(_m, args, kwargs, layer=layer):
+                    kwargs["attention_mask"] = masks[layer].to(dtype=(args[0] if args else kwargs["hidden_states"]).dtype)
+                    return args, kwargs
+
+                attn = get_path(block, model.family.attn)
+                handles.append(attn.register_forward_pre_hook(pre, with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = None, steering: Sequence[Any] = (),
+            layers: Sequence[int] = (), splice: tuple[int, Callable] | None = None,
+            key_mask: torch.Tensor | None = None, mask_from: int | None = None, past: Any = None,
+            return_cache: bool = False, _inplace: bool = False) -> ForwardResult:
+    """Teacher-forced forward over ``token_ids`` (no cache unless ``past`` / ``return_cache``).
+
+    Args:
+        token_ids: the T tokens to run (after the ``past`` prefix, when given).
+        prompt_len: P, which decides each position's query step (steering, key masks); default: all prompt.
+        steering: objects with ``.layer`` and ``.spec()`` (:class:`~trajscope.steering.SteeringVector`).
+        layers: blocks whose (steered, spliced) outputs to return.
+        splice: ``(layer, fn)``: block ``layer``'s hidden state ``[1, T, d]`` is replaced by ``fn(hidden)``.
+        key_mask: keys visible to queries at positions ``≥ mask_from`` (module docstring).
+        past: a KV cache of the preceding positions (from :func:`prefix_cache` / ``return_cache``); it is
+            copied, never changed.
+        return_cache: also return the KV cache after these tokens.
+    Returns:
+        :class:`~trajscope.model.handle.ForwardResult`: ``logits [T, vocab]``, ``resid {layer: [T, d_model]}``.
+    """
+    T = len(token_ids)
+    if T == 0:
+        raise TrajscopeError("A forward needs at least one token.")
+    offset = 0 if past is None else int(past.get_seq_length())
+    P = offset + T if prompt_len is None else int(prompt_len)
+    steps = positions.step_of_positions(offset + T, P)[offset:]
+    steer = steer_specs(model, steering)
+    wanted = {int(layer) for layer in layers}
+    if model.remote and splice is None and key_mask is None and past is None and not return_cache:
+        return _forward_nnsight(model, token_ids, steer, steps, wanted)
+    hf = model._local("This forward (splice, key mask or KV cache)")
+    dev = _device(hf)
+    masks = None
+    if key_mask is not None:
+        km = expand_key_mask(key_mask, model.n_layers, model.n_heads, offset + T)
+        masks = additive_masks(km, torch.arange(offset, offset + T), offset + T, P if mask_from is None else mask_from,
+                               next(hf.parameters()).dtype, dev)
+    grabbed: dict[int, torch.Tensor] = {}
+    cache = past if (past is None or _inplace) else copy.deepcopy(past)
+    with torch.no_grad(), _hooks(model, hf, steer=steer, steps=steps, layers=wanted, splice=splice, masks=masks,
+                                 grabbed=grabbed):
+        out = hf(input_ids=torch.tensor([list(token_ids)], device=dev), past_key_values=cache,
+                 use_cache=bool(return_cache or cache is not None))
+    return ForwardResult(logits=out.logits[0].float().cpu(), resid={k: v[0] for k, v in grabbed.items()},
+                         cache=out.past_key_values if return_cache else None)
+
+
+def _forward_nnsight(model: Any, token_ids: Sequence[int], steer: list, steps: torch.Tensor,
+                     wanted: set[int]) -> ForwardResult:
+    """The same teacher-forced forward as one nnsight trace (runs where the model runs, e.g. NDIF)."""
+    import nnsight
+
+    nnsight.register(steer_kernel)
+    blocks = model.blocks()
+    unembed = model.unembed()
+    last = max([i for i, s in enumerate(steer) if s] + list(wanted) + [-1])
+    saved: dict = {}
+    with torch.no_grad():
+        with model.nn.trace(torch.tensor([list(token_ids)]), **model.remote_options()):
+            saved = nnsight.save(saved)
+            for layer in range(last + 1):
+                out = blocks[layer].output
+                new = steer_kernel.steer_hidden(hidden(out), steer[layer], steps) if steer[layer] else None
+                if new is not None:
+                    blocks[layer].output = with_hidden(out, new)
+                if layer in wanted:
+                    saved[layer] = nnsight.save((hidden(out) if new is None else new)[0])
+            logits = nnsight.save(unembed.output[0])
+    return ForwardResult(logits=logits.float().cpu(), resid={k: v.float().cpu() for k, v in saved.items()})
+
+
+def read_residuals(model: Any, prompts: Sequence[str | Sequence[int]], layer: int, position: int = -1) -> torch.Tensor:
+    """Block ``layer``'s output at ``position`` of each prompt (one no-cache forward each): ``[n, d_model]``."""
+    if not 0 <= layer < model.n_layers:
+        raise TrajscopeError(f"Layer {layer} is out of range; the model has layers 0..{model.n_layers - 1}.")
+    rows = [forward(model, model.encode(p), layers=[layer]).resid[layer][position] for p in prompts]
+    return torch.stack(rows)
+
+
+def generate_ids(model: Any, ids: Sequence[int], *, max_new_tokens: int, temperature: float = 0.0,
+                 top_p: float | None = None, seed: int | None = None, stop_at_eos: bool = True) -> list[int]:
+    """Hugging Face ``generate`` with the KV cache: prompt + continuation ids (a reference engine)."""
+    hf = model._local("Plain generate")
+    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "pad_token_id": model.tokenizer.pad_token_id}
+    if temperature > 0:
+        kwargs.update(do_sample=True, temperature=float(temperature), top_p=top_p or 1.0, top_k=0)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    eos = model.eos_token_id
+    kwargs["eos_token_id"] = eos if (stop_at_eos and eos is not None) else []
+    with torch.no_grad(), seeded(seed if temperature > 0 else None):
+        return hf.generate(torch.tensor([list(ids)], device=_device(hf)), **kwargs)[0].tolist()
+
+
+def prefill_chunks(model: Any, token_ids: Sequence[int], chunk: int, layers: Sequence[int] = ()) -> ForwardResult:
+    """Prefill ``token_ids`` through the KV cache ``chunk`` tokens at a time (chunked prefill).
+
+    Returns:
+        The concatenated ``logits [T, vocab]`` and ``resid {layer: [T, d_model]}``, and the final cache.
+    """
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+        raise TrajscopeError(f"The chunk size must be a positive whole number of tokens, not {chunk!r}.")
+    ids = list(token_ids)
+    cache, logits, resid = None, [], {int(layer): [] for layer in layers}
+    for start in range(0, len(ids), chunk):
+        out = forward(model, ids[start:start + chunk], past=cache, layers=layers, return_cache=True, _inplace=True)
+        cache = out.cache
+        logits.append(out.logits)
+        for layer, r in out.resid.items():
+            resid[layer].append(r)
+    return ForwardResult(torch.cat(logits), {k: torch.cat(v) for k, v in resid.items()}, cache)
+
+
+def forward_batch(model: Any, batch: Sequence[Sequence[int]], *, padding_side: str = "right",
+                  layers: Sequence[int] = ()) -> list[ForwardResult]:
+    """One forward over a padded batch; results per sequence, padding rows removed.
+
+    Position ids count real tokens only (``cumsum(attention_mask) − 1``), so left padding does not shift them.
+    """
+    if padding_side not in ("left", "right"):
+        raise TrajscopeError(f"padding_side must be 'left' or 'right', not '{padding_side}'.")
+    if not batch or any(len(s) == 0 for s in batch):
+        raise TrajscopeError("A batch needs at least one sequence, and no sequence may be empty.")
+    hf = model._local("A batched forward")
+    dev = _device(hf)
+    n = max(len(s) for s in batch)
+    pad = model.tokenizer.pad_token_id or 0
+    ids = torch.full((len(batch), n), pad, dtype=torch.long)
+    att = torch.zeros((len(batch), n), dtype=torch.long)
+    for i, s in enumerate(batch):
+        sl = slice(n - len(s), n) if padding_side == "left" else slice(0, len(s))
+        ids[i, sl] = torch.tensor(list(s))
+        att[i, sl] = 1
+    pos_ids = (att.cumsum(-1) - 1).clamp_min(0)
+    grabbed: dict[int, torch.Tensor] = {}
+    wanted = {int(layer) for layer in layers}
+    steps = torch.zeros(n, dtype=torch.long)
+    with torch.no_grad(), _hooks(model, hf, steer=[[] for _ in range(model.n_layers)], steps=steps, layers=wanted,
+                                 splice=None, masks=None, grabbed=grabbed):
+        out = hf(input_ids=ids.to(dev), attention_mask=att.to(dev), position_ids=pos_ids.to(dev), use_cache=False)
+    results = []
+    for i, s in enumerate(batch):
+        keep = att[i].bool()
+        results.append(ForwardResult(out.logits[i][keep.to(dev)].float().cpu(),
+                                     {k: v[i][keep] for k, v in grabbed.items()}))
+    return results
+
+
+def masked_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, key_mask: torch.Tensor) -> list[int]:
+    """Greedy decode with the KV cache; decode queries see only the keys that ``key_mask`` keeps.
+
+    The prompt is prefilled with full attention (its states are what a serving stack would have
+    computed before evicting); from the first decode query on, masked keys are hidden.
+
+    Returns:
+        Prompt + generated ids (``max_new_tokens`` of them; EOS does not stop it).
+    """
+    ids = list(prompt_ids)
+    P = len(ids)
+    out = forward(model, ids, return_cache=True)
+    cache = out.cache
+    for _ in range(max_new_tokens):
+        nxt = int(out.logits[-1].argmax())
+        ids.append(nxt)
+        if len(ids) - P >= max_new_tokens:
+            break
+        out = forward(model, [nxt], prompt_len=P, key_mask=key_mask, past=cache, return_cache=True, _inplace=True)
+        cache = out.cache
+    return ids

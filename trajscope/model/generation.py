@@ -1,0 +1,93 @@
+"""The generation trace: one nnsight ``generate`` with a ``tracer.iter`` loop over steps.
+
+Step 0 is the prefill pass (all P prompt positions at once); step s ≥ 1 is the
+s-th decode pass, whose single query is the token at ``pos = P + s − 1``
+(:mod:`trajscope.positions`). At every step the loop reads, in execution order,
+each block's attention probabilities and output (steering applied first, with
+:func:`trajscope.model.steer.steer_hidden`) and the logits, and hands them to
+the caller's ``step_fn`` — a per-step kernel that reduces them to a small
+record *inside* the step (locally while it runs, or on the NDIF server, where
+the kernel module is shipped by value). Records are appended to a saved list;
+``emit`` is called after each one (locally only).
+
+nnsight facts this relies on (NNSIGHT_NOTES.md): modules must be read in
+execution order; ``tracer.result`` must be read in its own invoke so EOS before
+N steps still returns the ids; only ``.save()`` d values leave the block.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from trajscope.model import steer as steer_kernel
+from trajscope.model.families import hidden, with_hidden
+
+
+def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Callable, step_opts: tuple,
+                   steer: Sequence[Sequence[tuple]], emit: Callable | None, max_new_tokens: int,
+                   kernels: Any = None) -> tuple[list[int], list, Any]:
+    """Run the generation trace.
+
+    Args:
+        model: the :class:`~trajscope.model.handle.ModelHandle` (its lock is held by the caller).
+        ids: the P prompt ids.
+        gen_kwargs: Hugging Face ``generate`` settings (sampling, EOS, stopping criteria).
+        step_fn: ``step_fn(step, P, consumed [q], attn_rows (per layer [H, q, k]),
+            resid (per layer [q, d_model]), logits [q, vocab], prev_lp, step_opts) -> dict`` whose
+            ``"last_lp"`` entry (``[vocab]``) is popped and passed as ``prev_lp`` to the next step.
+        step_opts: passed through to ``step_fn``.
+        steer: per layer, the steering spec tuples applied to that block's output.
+        emit: ``emit(record, n_records)`` after each step (locally), or None.
+        max_new_tokens: N, the number of steps.
+        kernels: the module that defines ``step_fn``, registered with nnsight for remote runs.
+    Returns:
+        ``(final_ids, records, last_lp)``: all token ids (prompt + generated), the records, and the
+        ``[vocab]`` log-probabilities that produced the last token.
+    """
+    import nnsight
+
+    if model.remote:
+        gen_kwargs = {**gen_kwargs, **model.remote_options()}
+        nnsight.register(steer_kernel)
+        if kernels is not None:
+            nnsight.register(kernels)
+    records: list = []
+    state = {"final": None}
+    P = len(ids)
+    n_layers = model.n_layers
+    blocks = model.blocks()
+    attns = [model.attn(layer) for layer in range(n_layers)]
+    unembed = model.unembed()
+    streamer = model.nn.generator.streamer
+    prompt = torch.tensor([list(ids)])
+    # Keep every statement inside the trace on one line: nnsight's remote path maps
+    # the body's line numbers back to the file, and a continued line shifts them.
+    with model.nn.generate(**gen_kwargs) as tracer:
+        saved_records = nnsight.save(records)
+        saved_state = nnsight.save(state)
+        with tracer.invoke(prompt):
+            prev_lp = None
+            for step in tracer.iter[:max_new_tokens]:
+                consumed = streamer.output.reshape(-1)
+                attn_rows, resid = [], []
+                steps = torch.full((consumed.shape[0],), step)
+                for layer in range(n_layers):
+                    attn_rows.append(attns[layer].output[1][0])
+                    out = blocks[layer].output
+                    new = steer_kernel.steer_hidden(hidden(out), steer[layer], steps) if steer[layer] else None
+                    if new is not None:
+                        blocks[layer].output = with_hidden(out, new)
+                    resid.append((hidden(out) if new is None else new)[0])
+                logits = unembed.output[0]
+                rec = step_fn(step, P, consumed, attn_rows, resid, logits, prev_lp, step_opts)
+                prev_lp = rec.pop("last_lp")
+                saved_state["final"] = prev_lp
+                saved_records.append(rec)
+                if emit is not None:
+                    emit(rec, len(saved_records))
+        with tracer.invoke():
+            out_ids = tracer.result.save()
+    final_ids = [int(i) for i in out_ids[0].tolist()]
+    return final_ids, list(saved_records), saved_state["final"]
