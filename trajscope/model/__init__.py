@@ -21,7 +21,8 @@ module (tests may, as independent references).
 """
 
 from trajscope.model.families import FAMILIES, Family, family_for
-from trajscope.model.handle import ForwardResult, ModelHandle
+from trajscope.model.forward import ForwardResult
+from trajscope.model.handle import ModelHandle
 from trajscope.model.load import SAMPLE_MODEL, load_model, sample_data_dir
 
 __all__ = ["ModelHandle", "ForwardResult", "load_model", "sample_data_dir", "SAMPLE_MODEL", "Family", "FAMILIES",

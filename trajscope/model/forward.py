@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -32,7 +33,21 @@ from trajscope import positions
 from trajscope.errors import TrajscopeError
 from trajscope.model import steer as steer_kernel
 from trajscope.model.families import get_path, hidden, with_hidden
-from trajscope.model.handle import ForwardResult
+
+
+@dataclasses.dataclass
+class ForwardResult:
+    """What a teacher-forced forward returns (float32, on the CPU).
+
+    Attributes:
+        logits: ``[T, vocab]`` (``[B, T, vocab]`` for batches).
+        resid: ``{layer: [T, d_model]}`` block outputs of the layers asked for (after steering / splicing).
+        cache: the KV cache when asked for (``return_cache=True``), else None.
+    """
+
+    logits: torch.Tensor
+    resid: dict[int, torch.Tensor]
+    cache: Any = None
 
 
 @contextlib.contextmanager
@@ -135,7 +150,7 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
             copied, never changed.
         return_cache: also return the KV cache after these tokens.
     Returns:
-        :class:`~trajscope.model.handle.ForwardResult`: ``logits [T, vocab]``, ``resid {layer: [T, d_model]}``.
+        :class:`ForwardResult`: ``logits [T, vocab]``, ``resid {layer: [T, d_model]}``.
     """
     T = len(token_ids)
     if T == 0:

@@ -12,7 +12,6 @@ sessions and worker threads. The forwards themselves live in
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import pathlib
 import threading
@@ -21,22 +20,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from trajscope.errors import TrajscopeError
+from trajscope.model import forward as fw
 from trajscope.model.families import Family, get_path
-
-
-@dataclasses.dataclass
-class ForwardResult:
-    """What a teacher-forced forward returns (float32, on the CPU).
-
-    Attributes:
-        logits: ``[T, vocab]`` (``[B, T, vocab]`` for batches).
-        resid: ``{layer: [T, d_model]}`` block outputs of the layers asked for (after steering / splicing).
-        cache: the KV cache when asked for (``return_cache=True``), else None.
-    """
-
-    logits: torch.Tensor
-    resid: dict[int, torch.Tensor]
-    cache: Any = None
+from trajscope.model.generation import run_generation
+from trajscope.model.forward import ForwardResult
 
 
 class ModelHandle:
@@ -181,8 +168,6 @@ class ModelHandle:
                    steer: Sequence[Sequence[tuple]], emit: Callable | None, max_new_tokens: int,
                    kernels: Any = None) -> tuple:
         """Run one generation trace; see :func:`trajscope.model.generation.run_generation`."""
-        from trajscope.model.generation import run_generation
-
         with self.lock:
             return run_generation(self, ids, gen_kwargs, step_fn, step_opts, steer, emit, max_new_tokens, kernels)
 
@@ -190,32 +175,24 @@ class ModelHandle:
                 layers: Sequence[int] = (), splice: tuple[int, Callable] | None = None,
                 key_mask: torch.Tensor | None = None, past: Any = None, return_cache: bool = False) -> ForwardResult:
         """Teacher-forced forward over known tokens; see :func:`trajscope.model.forward.forward`."""
-        from trajscope.model import forward as fw
-
         with self.lock:
             return fw.forward(self, token_ids, prompt_len=prompt_len, steering=steering, layers=layers,
                               splice=splice, key_mask=key_mask, past=past, return_cache=return_cache)
 
     def read_residuals(self, prompts: Sequence[str | Sequence[int]], layer: int, position: int = -1) -> torch.Tensor:
         """Block ``layer``'s output at ``position`` of each prompt: ``[n_prompts, d_model]`` float32."""
-        from trajscope.model import forward as fw
-
         with self.lock:
             return fw.read_residuals(self, prompts, layer, position)
 
     def generate_ids(self, ids: Sequence[int], *, max_new_tokens: int, temperature: float = 0.0,
                      top_p: float | None = None, seed: int | None = None, stop_at_eos: bool = True) -> list[int]:
         """Plain Hugging Face ``generate`` (KV cache): prompt + continuation ids."""
-        from trajscope.model import forward as fw
-
         with self.lock:
             return fw.generate_ids(self, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                    seed=seed, stop_at_eos=stop_at_eos)
 
     def prefill_chunks(self, token_ids: Sequence[int], chunk: int, layers: Sequence[int] = ()) -> ForwardResult:
         """Prefill through the KV cache in chunks of ``chunk`` tokens; see :func:`trajscope.model.forward.prefill_chunks`."""
-        from trajscope.model import forward as fw
-
         with self.lock:
             return fw.prefill_chunks(self, token_ids, chunk, layers)
 
@@ -227,15 +204,11 @@ class ModelHandle:
     def forward_batch(self, batch: Sequence[Sequence[int]], *, padding_side: str = "right",
                       layers: Sequence[int] = ()) -> list[ForwardResult]:
         """One padded batch forward; per-sequence results without padding rows."""
-        from trajscope.model import forward as fw
-
         with self.lock:
             return fw.forward_batch(self, batch, padding_side=padding_side, layers=layers)
 
     def masked_decode(self, prompt_ids: Sequence[int], max_new_tokens: int, key_mask: torch.Tensor) -> list[int]:
         """Greedy decode with the KV cache while decode queries see only the keys ``key_mask`` keeps."""
-        from trajscope.model import forward as fw
-
         with self.lock:
             return fw.masked_decode(self, prompt_ids, max_new_tokens, key_mask)
 
