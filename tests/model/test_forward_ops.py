@@ -130,3 +130,42 @@ def test_clear_errors(tiny_models):
         model.forward([1, 2, 3], key_mask=torch.ones(3, 2, 3, dtype=torch.bool))
     with pytest.raises(TrajscopeError, match="out of range"):
         model.read_residuals(["x"], 9)
+
+
+def _overlaps(model, monkeypatch, lock_on: bool) -> bool:
+    """Run two forwards on one handle from two threads; did they overlap in time?"""
+    import contextlib
+    import threading
+    import time
+
+    import trajscope.model.forward as fw
+
+    spans = []
+    real = fw.forward
+
+    def timed(*a, **k):
+        t0 = time.monotonic()
+        time.sleep(0.05)  # widen the window in which an unlocked second caller would enter
+        out = real(*a, **k)
+        spans.append((t0, time.monotonic()))
+        return out
+
+    monkeypatch.setattr(fw, "forward", timed)
+    if not lock_on:
+        monkeypatch.setattr(model, "lock", contextlib.nullcontext())
+    threads = [threading.Thread(target=model.forward, args=(model.encode(p),)) for p in ("import os", "class A:")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (a0, a1), (b0, b1) = sorted(spans)
+    return b0 < a1
+
+
+def test_concurrent_model_operations_on_one_handle_never_overlap(tiny_models, monkeypatch):
+    assert not _overlaps(tiny_models["gpt2"], monkeypatch, lock_on=True)
+
+
+def test_the_overlap_check_sees_an_unlocked_handle(tiny_models, monkeypatch):
+    """Control: with the lock replaced by a no-op, the same two forwards do overlap."""
+    assert _overlaps(tiny_models["gpt_neox"], monkeypatch, lock_on=False)

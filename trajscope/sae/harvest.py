@@ -1,13 +1,16 @@
 """Harvest: one layer's residual activations over a prompt set, prefill and decode, tagged.
 
 For every prompt, :func:`harvest` captures a greedy continuation and
-``n_sampled`` sampled ones with :func:`trajscope.capture` (``residual_layers=[layer]``,
-so the vectors come from the same KV-cached engine users run). Rows:
+``n_sampled`` sampled ones, either with :func:`trajscope.capture` (a
+:class:`~trajscope.capture.CaptureConfig` with ``residual_layers=[layer]``, so the
+vectors come from the same KV-cached engine users run) or, with
+``engine="forward"``, with the model boundary's plain ``generate`` followed by
+one no-cache forward (the same activations, many times faster). Rows:
 
 - prefill rows: the prompt positions ``pos < P`` (step 0), once per prompt
   (they are identical in every continuation of that prompt);
-- decode rows: positions ``pos ≥ P`` of every continuation; the position's
-  ``step`` is ``pos − P + 1`` (DESIGN.md: step s's query is the token at P + s − 1).
+- decode rows: positions ``pos ≥ P`` of every continuation; ``step`` is the
+  position's query step (:func:`trajscope.positions.query_step`).
 
 Each row carries ``seq`` (index into :attr:`Harvest.sequences`), ``prompt_id``,
 ``source`` (``greedy`` / ``sample-i``), ``pos``, ``step``, ``phase``, ``token_id``,
