@@ -76,3 +76,22 @@ def tiny_models(tiny_dirs) -> dict[str, ts.ModelHandle]:
 @pytest.fixture(scope="session")
 def sample_model() -> ts.ModelHandle:
     return ts.load_model("sample", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_eager(tiny_dirs) -> dict[str, ts.ModelHandle]:
+    """The same tiny models loaded with Hugging Face's eager attention (the reference for attention rows)."""
+    return {f: ts.load_model(str(p), device="cpu", attn="eager") for f, p in tiny_dirs.items()}
+
+
+_REFERENCES: dict[str, torch.nn.Module] = {}
+
+
+def hf_reference(model: ts.ModelHandle) -> torch.nn.Module:
+    """An independent Hugging Face model of the same weights with eager attention (not trajscope's kernel)."""
+    from transformers import AutoModelForCausalLM
+
+    if model.source_path not in _REFERENCES:
+        ref = AutoModelForCausalLM.from_pretrained(model.source_path, attn_implementation="eager", dtype=torch.float32)
+        _REFERENCES[model.source_path] = ref.eval()
+    return _REFERENCES[model.source_path]

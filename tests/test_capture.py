@@ -15,13 +15,13 @@ import scipy.stats
 import torch
 
 import trajscope as ts
-from conftest import FAMILIES
+from conftest import FAMILIES, hf_reference
 
 PROMPT = "def fibonacci(n):\n    "
 
 
 def hf_greedy(model: ts.ModelHandle, prompt: str, n: int, **kw) -> list[int]:
-    hf = model.torch_module()
+    hf = hf_reference(model)
     ids = model.tokenizer(prompt, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         out = hf.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=model.tokenizer.pad_token_id, **kw)
@@ -31,7 +31,7 @@ def hf_greedy(model: ts.ModelHandle, prompt: str, n: int, **kw) -> list[int]:
 def full_forward(model: ts.ModelHandle, token_ids: list[int]):
     """No-cache forward over the whole sequence with HF's own outputs."""
     with torch.no_grad():
-        return model.torch_module()(torch.tensor([token_ids]), output_hidden_states=True,
+        return hf_reference(model)(torch.tensor([token_ids]), output_hidden_states=True,
                                     output_attentions=True, use_cache=False)
 
 
@@ -56,7 +56,7 @@ def test_sampled_tokens_are_seeded_and_equal_hf_sampling(sample_model):
     assert a.token_ids != c.token_ids
     torch.manual_seed(7)
     ids = sample_model.tokenizer(PROMPT, return_tensors="pt")["input_ids"]
-    ref = sample_model.torch_module().generate(ids, max_new_tokens=16, do_sample=True, temperature=1.0,
+    ref = hf_reference(sample_model).generate(ids, max_new_tokens=16, do_sample=True, temperature=1.0,
                                                top_k=0, top_p=1.0, eos_token_id=None,
                                                pad_token_id=sample_model.tokenizer.pad_token_id)
     assert a.token_ids == ref[0].tolist()
@@ -75,7 +75,7 @@ def test_residuals_and_attention_rows_equal_no_cache_forward(tiny_models, family
         assert got.shape == (len(computed), model.d_model)
         want = ref.hidden_states[layer + 1][0]
         if layer == L - 1:  # HF applies the final norm to its last hidden state
-            norm = dict(model.torch_module().named_modules())[model.family.final_norm]
+            norm = dict(hf_reference(model).named_modules())[model.family.final_norm]
             got = norm(got)
         rel = (got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-12)
         assert rel.max().item() < 1e-4, (layer, rel.max().item())

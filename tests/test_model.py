@@ -14,8 +14,17 @@ def test_families_know_their_parts(tiny_models, family):
     assert m.n_layers == 2 and m.n_heads == 4 and m.d_model == 32
     assert len(m.blocks()) == 2
     d = m.describe()
-    assert d["attn_implementation"] == "eager" and d["device"] == "cpu" and d["dtype"] == "float32"
-    assert m.torch_module().config._attn_implementation == "eager"
+    assert d["attn_implementation"] == "rows" and d["device"] == "cpu" and d["dtype"] == "float32"
+    assert m.torch_module().config._attn_implementation == "trajscope_rows"
+
+
+def test_attention_implementations(tiny_dirs, tiny_eager):
+    assert tiny_eager["llama"].torch_module().config._attn_implementation == "eager"
+    plain = ts.load_model(str(tiny_dirs["gpt2"]), attn="sdpa")
+    with pytest.raises(ts.TrajscopeError, match="attn='sdpa'"):
+        ts.capture(plain, "x = 1", max_new_tokens=2)
+    with pytest.raises(ts.TrajscopeError, match="Unknown attention implementation 'flash'"):
+        ts.load_model(str(tiny_dirs["gpt2"]), attn="flash")
 
 
 def test_sample_model_loads_offline(sample_model):

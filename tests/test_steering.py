@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import trajscope as ts
+from conftest import hf_reference
 from trajscope.metrics.steering import decay_summary, kl_divergence, step_effects
 from trajscope.steering import SteeringVector
 from trajscope.sweep import steering_sweep
@@ -64,7 +65,7 @@ def test_caa_equals_mean_difference_of_hf_hidden_states(tiny_models):
     model = tiny_models["llama"]
     pairs = [("x = 'a'", 'x = "a"'), ("name = 'b'", 'name = "b"'), ("s = ''", 's = ""')]
     vec = SteeringVector.from_contrast(model, pairs, layer=0, strength=2.0)
-    hf = model.torch_module()
+    hf = hf_reference(model)
     diffs = []
     for pos_text, neg_text in pairs:
         hs = []

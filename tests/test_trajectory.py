@@ -28,7 +28,7 @@ def test_round_trip(traj, tmp_path):
     meta = json.loads((path / "meta.json").read_text())
     for key in ("model", "sampling", "versions", "prompt", "stop_reason", "schema_version"):
         assert key in meta
-    assert meta["model"]["attn_implementation"] == "eager" and meta["model"]["dtype"] == "float32"
+    assert meta["model"]["attn_implementation"] == "rows" and meta["model"]["dtype"] == "float32"
     assert meta["sampling"]["seed"] == 0 and "torch" in meta["versions"]
 
 

@@ -134,6 +134,8 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
         "sampling": cfg.sampling, "model": model.describe(), "versions": library_versions(),
         "capture": cfg.to_dict(), "residual_layers": res_layers, "attention_layers": row_layers,
         "top_k_keys": cfg.top_k_keys, "top_k_tokens": cfg.top_k_tokens,
+        "attention_prefill_rows": P if (cfg.prefill_row_limit is None or model.attn_impl == "eager")
+        else min(P, cfg.prefill_row_limit),
         "steering": [v.to_dict() for v in cfg.steering],
         "probe": cfg.probe.to_dict() if cfg.probe is not None else None,
         "sae": None if cfg.sae is None else {"layer": sae_spec[0], "top_k": cfg.sae_top_k, "d_sae": cfg.sae.cfg.d_sae,
@@ -172,7 +174,7 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
         warnings.filterwarnings("ignore", message=".*was never reached.*")
         try:
             result = model.generation(ids, gen_kwargs, kernels.step_record, opts, steer_specs(model, cfg.steering),
-                                      emit, N, kernels=kernels)
+                                      emit, N, kernels=kernels, prefill_rows=cfg.prefill_row_limit)
         except KeyboardInterrupt:
             stop_reason = "interrupted"
     final_ids = None

@@ -75,6 +75,10 @@ class CaptureConfig:
         probe: a :class:`~trajscope.profile.DriftProbe` scored during decode (``probe`` table).
         top_k_keys: top attended keys kept per query row (``attention`` table).
         top_k_tokens: top next-token alternatives kept per position (``tokens`` table).
+        prefill_rows: prefill query rows whose attention is computed and summarised in the
+            ``attention`` table: the last ``prefill_rows`` prompt queries (default 32, the observation
+            window of SnapKV-style policies), or ``"all"``. Decode steps always have their row. Keeping
+            full attention tensors (``attention_layers``) computes every prefill row.
     """
 
     max_new_tokens: int = 32
@@ -91,6 +95,7 @@ class CaptureConfig:
     probe: Any = None
     top_k_keys: int = 8
     top_k_tokens: int = 5
+    prefill_rows: int | str = 32
 
     def __post_init__(self):
         n = self.max_new_tokens
@@ -103,6 +108,9 @@ class CaptureConfig:
         for name in ("top_k_keys", "top_k_tokens", "sae_top_k"):
             if int(getattr(self, name)) < 1:
                 raise TrajscopeError(f"{name} must be at least 1, not {getattr(self, name)}.")
+        rows = self.prefill_rows
+        if not (rows == "all" or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1)):
+            raise TrajscopeError(f"prefill_rows must be 'all' or a whole number ≥ 1, not {rows!r}.")
         object.__setattr__(self, "residual_layers", _freeze_layers(self.residual_layers))
         object.__setattr__(self, "attention_layers", _freeze_layers(self.attention_layers))
         steering = tuple(self.steering or ())
@@ -110,6 +118,11 @@ class CaptureConfig:
             if not isinstance(vec, SteeringVector):
                 raise TrajscopeError(f"steering takes SteeringVector objects, not {type(vec).__name__}.")
         object.__setattr__(self, "steering", steering)
+
+    @property
+    def prefill_row_limit(self) -> int | None:
+        """How many prefill rows to compute: None for all (``"all"``, or full attention tensors kept)."""
+        return None if (self.prefill_rows == "all" or self.attention_layers) else int(self.prefill_rows)
 
     def replace(self, **changes: Any) -> "CaptureConfig":
         """A copy with ``changes`` applied (validated like a new config)."""

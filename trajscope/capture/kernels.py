@@ -93,7 +93,9 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
             ``P + s − 1`` (:func:`trajscope.positions.query_positions`, restated here because this
             kernel runs where trajscope may not be installed).
         P: prompt length; consumed: ``[q]`` ids fed to this step.
-        attn_rows: per layer ``[H, q, k]``; resid: per layer ``[q, d_model]``; logits: ``[q, vocab]``.
+        attn_rows: per layer ``[H, n, k]``, the attention rows of the step's last ``n ≤ q`` queries
+            (at prefill the boundary may compute only a window of rows); resid: per layer
+            ``[q, d_model]``; logits: ``[q, vocab]``.
         prev_lp: ``[vocab]`` log-probabilities of the previous step's last row (None at step 0).
         opts: ``(residual_layers, attention_layers, top_k_keys, top_k_tokens, probe, sae)``; ``sae`` is
             None or ``(layer, encode)`` with ``encode([q, d]) -> dict of [q, …] tensors``.
@@ -104,10 +106,14 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
     res_layers, row_layers, top_k_keys, top_k_tokens, probe, sae = opts
     first_pos = 0 if step == 0 else P + step - 1
     q = consumed.shape[0]
+    attn_first = first_pos + q - attn_rows[0].shape[-2]
+    n_keys = first_pos + q  # keys 0..last query; a sliding-window cache holds only the newest ones
+    attn_rows = [a if a.shape[-1] == n_keys else torch.nn.functional.pad(a, (n_keys - a.shape[-1], 0))
+                 for a in attn_rows]
     if q == 1:
-        a_stats = attention_stats(torch.stack(attn_rows), P, first_pos, top_k_keys)
+        a_stats = attention_stats(torch.stack(attn_rows), P, attn_first, top_k_keys)
     else:  # prefill: per layer, so P×P maps of every layer are never stacked at once
-        per = [attention_stats(a, P, first_pos, top_k_keys) for a in attn_rows]
+        per = [attention_stats(a, P, attn_first, top_k_keys) for a in attn_rows]
         a_stats = {k: torch.stack([p[k] for p in per]) for k in per[0]}
     r_stats = residual_stats(torch.stack(resid))
     t_stats = token_stats(logits, top_k_tokens)
@@ -117,7 +123,7 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
     else:
         chosen = prev_lp[consumed[0]].reshape(1)
     return {
-        "step": step, "first_pos": first_pos, "ids": consumed.detach().clone(),
+        "step": step, "first_pos": first_pos, "attn_first_pos": attn_first, "ids": consumed.detach().clone(),
         "chosen_lp": chosen, "entropy": t_stats["entropy"], "top_ids": t_stats["top_ids"],
         "top_lp": t_stats["top_lp"], "attn": a_stats["stats"], "top_pos": a_stats["top_pos"],
         "top_w": a_stats["top_w"], "act": r_stats,

@@ -23,21 +23,24 @@ class StepRecord:
     Attributes:
         step: 0 for prefill, s ≥ 1 for decode.
         first_pos: position of the step's first query row.
+        attn_first_pos: position of the first query row whose attention was computed (``first_pos``
+            unless the prefill computed only a window of rows: then ``P − n``).
         ids: ``[q]`` token ids fed to the step (the queries).
         chosen_lp: logprobs of the tokens at positions ``first_pos + 1 …`` under earlier steps:
             ``[P − 1]`` at step 0 (prompt tokens 1..P−1), ``[1]`` after (the query token).
         entropy: ``[q]`` next-token entropy at each query (nats).
         top_ids, top_lp: ``[q, top_k_tokens]`` next-token alternatives.
-        attn: ``[L, H, q, 7]`` attention telemetry (kernels.ATTN_FIELDS).
-        top_pos, top_w: ``[L, H, q, top_k_keys]`` top attended keys (−1 / 0 padding).
+        attn: ``[L, H, n, 7]`` attention telemetry (kernels.ATTN_FIELDS) of the ``n`` computed rows.
+        top_pos, top_w: ``[L, H, n, top_k_keys]`` top attended keys (−1 / 0 padding).
         act: ``[L, q, 7]`` residual statistics (ACT_FIELDS).
-        resid: ``{layer: [q, d_model]}`` kept residuals; rows: ``{layer: [H, q, k]}`` kept attention rows.
+        resid: ``{layer: [q, d_model]}`` kept residuals; rows: ``{layer: [H, n, k]}`` kept attention rows.
         probe: ``[n_probed_layers]`` drift scores, or None when the step was not probed.
         sae: the SAE kernel's outputs (``feature``, ``value``, ``l0``, ``sq_err``, ``sq_norm``, ``cos``), or None.
     """
 
     step: int
     first_pos: int
+    attn_first_pos: int
     ids: torch.Tensor
     chosen_lp: torch.Tensor
     entropy: torch.Tensor

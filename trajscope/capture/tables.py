@@ -90,7 +90,7 @@ def _square_rows(rows: list[torch.Tensor], recs: list[dict], n: int) -> torch.Te
     H = rows[0].shape[0]
     out = torch.zeros(H, n, n, dtype=torch.float32)
     for r, rec in zip(rows, recs):
-        q0, q, k = rec.first_pos, r.shape[1], r.shape[2]
+        q0, q, k = rec.attn_first_pos, r.shape[1], r.shape[2]
         out[:, q0:q0 + q, :k] = r.float().cpu()
     return out
 
@@ -102,7 +102,7 @@ def _attention_table(run_id: str, P: int, recs: list[dict], top_k: int) -> pl.Da
         L, H, q, _ = st.shape
         grid_q, grid_l, grid_h = np.meshgrid(np.arange(q), np.arange(L), np.arange(H), indexing="ij")
         cols["step"].append(np.full(q * L * H, r.step, dtype=np.int32))
-        cols["pos"].append((r.first_pos + grid_q).reshape(-1).astype(np.int32))
+        cols["pos"].append((r.attn_first_pos + grid_q).reshape(-1).astype(np.int32))
         cols["layer"].append(grid_l.reshape(-1).astype(np.int16))
         cols["head"].append(grid_h.reshape(-1).astype(np.int16))
         cols["stats"].append(st.transpose(2, 0, 1, 3).reshape(-1, st.shape[-1]))

@@ -12,6 +12,7 @@ sessions and worker threads. The forwards themselves live in
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import pathlib
 import threading
@@ -21,6 +22,7 @@ import torch
 
 from trajscope.errors import TrajscopeError
 from trajscope.model import forward as fw
+from trajscope.model.attention import prefill_rows
 from trajscope.model.families import Family, get_path
 from trajscope.model.generation import run_generation
 from trajscope.model.forward import ForwardResult
@@ -33,19 +35,21 @@ class ModelHandle:
         model_id: what was asked for (``"sample"``, a path or a hub name).
         family: the :class:`~trajscope.model.families.Family` of the architecture.
         remote: ``False``, ``True`` (NDIF) or ``"local"`` (in-process remote round trip).
+        attn_impl: ``"rows"`` (SDPA + attention rows from q and K), ``"eager"`` or ``"sdpa"`` (no rows).
         n_layers, n_heads, d_model, vocab_size, context_len: from the config.
         tokenizer: the Hugging Face tokenizer.
         lock: re-entrant; held by every operation, so sessions sharing a handle take turns.
     """
 
     def __init__(self, nn_model: Any, model_id: str, family: Family, *, remote: bool | str = False,
-                 source_path: str | None = None, api_key: str | None = None):
+                 source_path: str | None = None, api_key: str | None = None, attn: str = "eager"):
         self.nn = nn_model  # the nnsight wrapper: for this package and for tests only
         self._api_key = api_key  # NDIF key: used per request, never described, saved or printed
         self.model_id = model_id
         self.family = family
         self.remote = remote
         self.source_path = source_path
+        self.attn_impl = attn  # "rows", "eager" or "sdpa" (see load_model)
         cfg = nn_model.config
         self.config = cfg
         self.n_layers = int(getattr(cfg, family.n_layers))
@@ -133,7 +137,7 @@ class ModelHandle:
             "model_id": self.model_id, "family": self.family.name, "revision": self.revision(),
             "n_layers": self.n_layers, "n_heads": self.n_heads, "d_model": self.d_model,
             "vocab_size": self.vocab_size, "context_len": self.context_len, "dtype": self.dtype,
-            "device": self.device, "attn_implementation": "eager",
+            "device": self.device, "attn_implementation": self.attn_impl,
             "remote": self.remote if isinstance(self.remote, str) else bool(self.remote),
         }
 
@@ -166,10 +170,22 @@ class ModelHandle:
     # -- operations -------------------------------------------------------------------------
     def generation(self, ids: Sequence[int], gen_kwargs: dict, step_fn: Callable, step_opts: tuple,
                    steer: Sequence[Sequence[tuple]], emit: Callable | None, max_new_tokens: int,
-                   kernels: Any = None) -> tuple:
-        """Run one generation trace; see :func:`trajscope.model.generation.run_generation`."""
-        with self.lock:
+                   kernels: Any = None, prefill_rows: int | None = None) -> tuple:
+        """Run one generation trace; see :func:`trajscope.model.generation.run_generation`.
+
+        ``prefill_rows``: with ``attn="rows"``, the prefill computes the attention rows of the last
+        ``prefill_rows`` prompt queries (None: all of them, in chunks); eager computes all rows.
+        """
+        if self.attn_impl == "sdpa":
+            raise TrajscopeError("This model was loaded with attn='sdpa', which exposes no attention rows; "
+                                 "load it with attn='rows' (the default) or 'eager' to capture.")
+        with self.lock, self._prefill_rows(prefill_rows):
             return run_generation(self, ids, gen_kwargs, step_fn, step_opts, steer, emit, max_new_tokens, kernels)
+
+    def _prefill_rows(self, n: int | None):
+        if self.attn_impl != "rows" or self.remote is True:
+            return contextlib.nullcontext()
+        return prefill_rows(self.nn._module.config, n)
 
     def forward(self, token_ids: Sequence[int], *, prompt_len: int | None = None, steering: Sequence[Any] = (),
                 layers: Sequence[int] = (), splice: tuple[int, Callable] | None = None,

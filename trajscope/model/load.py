@@ -16,6 +16,8 @@ import pathlib
 import torch
 
 from trajscope.errors import TrajscopeError
+from trajscope.model.attention import ROWS_IMPL
+from trajscope.model.attention import register as register_rows
 from trajscope.model.families import family_for
 from trajscope.model.handle import ModelHandle
 
@@ -62,8 +64,11 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+ATTN = ("rows", "eager", "sdpa")
+
+
 def load_model(source: str = SAMPLE_MODEL, *, remote: bool | str = False, device: str | None = None,
-               dtype: str | torch.dtype | None = None, api_key: str | None = None) -> ModelHandle:
+               dtype: str | torch.dtype | None = None, api_key: str | None = None, attn: str = "rows") -> ModelHandle:
     """Open a causal LM for capture.
 
     Args:
@@ -76,6 +81,11 @@ def load_model(source: str = SAMPLE_MODEL, *, remote: bool | str = False, device
         dtype: ``"float32"`` (default on CPU), ``"bfloat16"`` (default on CUDA), ``"float16"``.
         api_key: NDIF key for ``remote=True`` (default: ``$NDIF_API_KEY``); kept on the handle
             and sent with each request only, never written to a run, an export or a log.
+        attn: ``"rows"`` (default: the model's fast SDPA kernel, with the attention rows trajscope
+            reads computed from q and K, :mod:`trajscope.model.attention`), ``"eager"`` (Hugging Face's
+            eager kernel: every probability materialised; the reference the tests compare with), or
+            ``"sdpa"`` (plain SDPA, no attention rows: for baselines; capture refuses it). NDIF models
+            always run eager on the server.
 
     Returns:
         A :class:`ModelHandle`.
@@ -89,12 +99,14 @@ def load_model(source: str = SAMPLE_MODEL, *, remote: bool | str = False, device
     if not isinstance(source, str) or not source.strip():
         raise TrajscopeError("A model source is needed: 'sample', a model directory, a cached Hugging Face name, or an NDIF model.")
     source = source.strip()
+    if attn not in ATTN:
+        raise TrajscopeError(f"Unknown attention implementation '{attn}': use one of {', '.join(ATTN)}.")
     if remote is True:
         key = api_key or os.environ.get("NDIF_API_KEY")
         if not key:
             raise TrajscopeError("Remote (NDIF) models need an API key: pass api_key= or set NDIF_API_KEY (get one at ndif.us).")
         nn_model = TransformersModel(source, task="text-generation", attn_implementation="eager")
-        return ModelHandle(nn_model, source, family_for(nn_model.config), remote=True, api_key=key)
+        return ModelHandle(nn_model, source, family_for(nn_model.config), remote=True, api_key=key, attn="eager")
 
     path = _resolve_local(source)
     if path is None:
@@ -119,7 +131,10 @@ def load_model(source: str = SAMPLE_MODEL, *, remote: bool | str = False, device
         raise TrajscopeError(f"Cannot read the model config in '{path}': {exc}") from exc
     family = family_for(config)
     try:
-        nn_model = TransformersModel(str(path), task="text-generation", attn_implementation="eager",
+        impl = {"rows": ROWS_IMPL, "eager": "eager", "sdpa": "sdpa"}[attn]
+        if attn == "rows":
+            register_rows()
+        nn_model = TransformersModel(str(path), task="text-generation", attn_implementation=impl,
                                      dispatch=True, dtype=dtype)
         nn_model._module.to(device)
     except Exception as exc:
@@ -128,4 +143,4 @@ def load_model(source: str = SAMPLE_MODEL, *, remote: bool | str = False, device
     tok = nn_model.tokenizer
     if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token
-    return ModelHandle(nn_model, source, family, remote=remote, source_path=str(path))
+    return ModelHandle(nn_model, source, family, remote=remote, source_path=str(path), attn=attn)

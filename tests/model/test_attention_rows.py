@@ -1,0 +1,82 @@
+"""Attention rows from q and K (``attn="rows"``) against Hugging Face's eager ``output_attentions``.
+
+Per family (GPT-2, GPT-NeoX, Llama, Mistral, Qwen2 — the Llama-style ones with grouped
+query heads, 4 query heads on 2 key heads — plus an MQA config and a sliding-window Mistral),
+at prefill and at every decode step: the rows trajscope computes beside the SDPA
+output equal eager attention's probabilities within 1e-5, and the telemetry tables
+of a capture are unchanged against the eager path.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import trajscope as ts
+from conftest import FAMILIES, build_tiny_model, hf_reference
+
+PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
+
+
+def eager_rows(model, ids):
+    """Per layer ``[H, T, T]`` eager probabilities of a no-cache forward over ``ids``."""
+    with torch.no_grad():
+        out = hf_reference(model)(torch.tensor([ids]), output_attentions=True, use_cache=False)
+    return [a[0].float() for a in out.attentions]
+
+
+@pytest.fixture(scope="module")
+def extra_models(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("attn")
+    mqa = build_tiny_model(tmp, "llama", num_key_value_heads=1)
+    window = build_tiny_model(tmp / "w", "mistral", sliding_window=6)
+    return {"llama-mqa": ts.load_model(str(mqa)), "mistral-window-6": ts.load_model(str(window))}
+
+
+def _check(model, n_new=6):
+    traj = ts.capture(model, PROMPT, max_new_tokens=n_new, stop_at_eos=False, attention_layers="all")
+    ids = traj.token_ids[:-1]
+    ref = eager_rows(model, ids)
+    for layer in range(model.n_layers):
+        torch.testing.assert_close(traj.attention_rows(layer), ref[layer], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rows_equal_eager_at_prefill_and_every_decode_step(tiny_models, family):
+    _check(tiny_models[family])
+
+
+@pytest.mark.parametrize("name", ["llama-mqa", "mistral-window-6"])
+def test_rows_equal_eager_for_mqa_and_sliding_window(extra_models, name):
+    _check(extra_models[name])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2"])
+def test_telemetry_tables_unchanged_against_eager(tiny_models, tiny_eager, family):
+    kw = dict(max_new_tokens=8, stop_at_eos=False, prefill_rows="all")
+    fast = ts.capture(tiny_models[family], PROMPT, **kw)
+    ref = ts.capture(tiny_eager[family], PROMPT, **kw)
+    assert fast.token_ids == ref.token_ids
+    for name in ("tokens", "activations"):
+        a, b = getattr(fast, name), getattr(ref, name)
+        for col in a.columns:
+            if a[col].dtype.is_float():
+                assert (a[col] - b[col]).abs().max() < 1e-4, (name, col)
+    a, b = fast.attention.sort("step", "pos", "layer", "head"), ref.attention.sort("step", "pos", "layer", "head")
+    assert a.height == b.height
+    for col in ("entropy", "prefix_mass", "sink_mass", "self_mass"):
+        assert (a[col] - b[col]).abs().max() < 1e-5, col
+
+
+def test_default_prefill_window_holds_the_last_rows(tiny_models, tiny_eager):
+    model = tiny_models["llama"]
+    P = len(model.encode(PROMPT))
+    traj = ts.capture(model, PROMPT, max_new_tokens=3, stop_at_eos=False, prefill_rows=5)
+    pre = traj.attention.filter(traj.attention["step"] == 0)
+    assert sorted(set(pre["pos"].to_list())) == list(range(P - 5, P))
+    assert traj.meta["attention_prefill_rows"] == 5
+    full = ts.capture(tiny_eager["llama"], PROMPT, max_new_tokens=3, stop_at_eos=False)
+    ref = full.attention.filter((full.attention["step"] == 0) & (full.attention["pos"] >= P - 5)).sort("pos", "layer", "head")
+    assert (pre.sort("pos", "layer", "head")["entropy"] - ref["entropy"]).abs().max() < 1e-5
+    with pytest.raises(ts.TrajscopeError, match="prefill_rows"):
+        ts.CaptureConfig(prefill_rows=0)
