@@ -3,22 +3,30 @@
 Variants, interleaved round-robin in one process so drift in machine load hits
 them alike:
 
-- ``generate``: ``model.generate`` (greedy, KV cache, eager attention), no nnsight;
+- ``generate``: plain Hugging Face ``generate`` (greedy, KV cache) with the model's
+  *default* attention (SDPA), no nnsight — the baseline of every ratio;
+- ``generate(eager)``: the same with eager attention, reported beside it;
 - ``capture``: :func:`trajscope.capture` with telemetry only (tokens, attention and
-  activations tables for every layer);
+  activations tables for every layer), on the default ``attn="rows"`` model (SDPA
+  forward, attention rows from q and K: every decode row, the last 32 prefill rows);
+- ``capture(eager)``: the same capture on an eager-attention model (every row materialised);
 - ``capture+resid``: the same plus residual vectors of all layers kept as tensors;
 - ``capture+probe``: telemetry plus an online drift probe scoring every layer at every step;
 - ``capture+sae``: telemetry plus a TopK SAE (16× width, k 32) encoding a middle layer at every
   position (the shipped SAE for the sample model, a random one for the 124M model), top-16
   features per position into the ``features`` table.
 
-Models: the shipped sample model and a random GPT-2-small-sized model (124M
-parameters, built from a config, never downloaded). Prints tokens/s and the
-ratio of each variant's median time to ``generate``'s and writes them to
-``benchmarks/results/capture_overhead.json``.
+Cases: the shipped sample model and a random GPT-2-small-sized model (124M
+parameters, built from a config, never downloaded) at short context, and the
+124M model at long context (P = 1,024 and 2,048 prompt tokens, 16 new tokens;
+its position table is widened to 2,112 so both fit). Prints tokens/s and the
+ratio of each variant's median time to ``generate``'s, and for the long-context
+cases the peak resident memory of one run of each variant in a fresh process,
+as a ratio to ``generate``'s; writes ``benchmarks/results/capture_overhead.json``.
 
-Run by hand: ``python benchmarks/capture_overhead.py [--reps 5] [--quick]``.
-Targets (issue 2): ≤ 1.10× on the 124M model with telemetry, ≤ 1.5× on the sample model.
+Run by hand: ``python benchmarks/capture_overhead.py [--reps 3] [--quick] [--device cuda]``.
+Targets (issue 16): capture ≤ 1.10× default generate at P = 1,024 and 2,048; ≤ 1.05× on the
+124M model at short context; ≤ 1.3× on the sample model; peak memory at P = 2,048 ≤ 1.2×.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import os
 import pathlib
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,22 +50,24 @@ import trajscope as ts
 
 PROMPT = "def fibonacci(n):\n    "
 RESULTS = pathlib.Path(__file__).parent / "results"
+LONG = (1024, 2048)
 
 
-def gpt2_small_dir(tmp: pathlib.Path) -> pathlib.Path:
+def gpt2_small_dir(tmp: pathlib.Path, n_positions: int = 1024) -> pathlib.Path:
     """A random 124M GPT-2 (12 layers, d 768, 12 heads, vocab 50257) with the sample tokenizer."""
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-    path = tmp / "gpt2-small-random"
+    path = tmp / f"gpt2-small-random-{n_positions}"
     if not (path / "config.json").exists():
         torch.manual_seed(0)
-        GPT2LMHeadModel(GPT2Config()).save_pretrained(path)
+        GPT2LMHeadModel(GPT2Config(n_positions=n_positions)).save_pretrained(path)
         PreTrainedTokenizerFast.from_pretrained(ts.model.sample_data_dir() / "models" / "trajscope-tiny").save_pretrained(path)
     return path
 
 
-def extras(model: ts.ModelHandle, ids: torch.Tensor) -> dict:
+def extras(model: ts.ModelHandle, ids: list[int]) -> dict:
     """The SAE and drift probe the ``+sae`` / ``+probe`` variants attach."""
+    from trajscope.profile import profile_from_residuals
     from trajscope.sae.model import SAE, SAEConfig
 
     mid = model.n_layers // 2
@@ -66,69 +77,117 @@ def extras(model: ts.ModelHandle, ids: torch.Tensor) -> dict:
     else:
         sae = SAE(SAEConfig(architecture="topk", d_in=model.d_model, d_sae=16 * model.d_model, k=32,
                             hook_name=f"blocks.{mid}.hook_resid_post"))
-    prompts = [ids[0].tolist()[: max(4, ids.shape[1] - i)] for i in range(3)]
     res = []
-    for p in prompts:
-        t = ts.capture(model, p, max_new_tokens=1, residual_layers="all")
-        res.append({layer: t.residual(layer) for layer in range(model.n_layers)})
-    profile = ts.profile.profile_from_residuals(res, fpr=0.05)
-    return {"sae": sae, "probe": ts.DriftProbe(profile)}
+    for p in [ids[: max(4, len(ids) - i)] for i in range(3)]:
+        fw = model.forward(p, layers=range(model.n_layers))
+        res.append(fw.resid)
+    return {"sae": sae, "probe": ts.DriftProbe(profile_from_residuals(res, fpr=0.05))}
 
 
-def run_variant(model: ts.ModelHandle, variant: str, n: int, ids: torch.Tensor, extra: dict) -> float:
+def run_variant(models: dict, variant: str, n: int, ids: list[int], extra: dict) -> float:
     t0 = time.perf_counter()
-    if variant == "generate":
-        with torch.no_grad():
-            out = model.torch_module().generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None,
-                                                pad_token_id=model.tokenizer.pad_token_id)
-        assert out.shape[1] == ids.shape[1] + n
+    if variant.startswith("generate"):
+        m = models["eager" if "eager" in variant else "sdpa"]
+        out = m.generate_ids(ids, max_new_tokens=n, stop_at_eos=False)
+        assert len(out) == len(ids) + n
     else:
-        kw = {"capture+resid": {"residual_layers": "all"}, "capture+probe": {"probe": extra["probe"]},
-              "capture+sae": {"sae": extra["sae"]}}.get(variant, {})
-        traj = ts.capture(model, ids[0].tolist(), max_new_tokens=n, stop_at_eos=False, **kw)
+        kw = {"capture+resid": {"residual_layers": "all"}, "capture+probe": {"probe": extra.get("probe")},
+              "capture+sae": {"sae": extra.get("sae")}}.get(variant, {})
+        m = models["eager" if "eager" in variant else "rows"]
+        traj = ts.capture(m, ids, max_new_tokens=n, stop_at_eos=False, **kw)
         assert traj.meta["n_generated"] == n
     return time.perf_counter() - t0
 
 
-def bench(model: ts.ModelHandle, n: int, reps: int) -> dict:
-    ids = model.tokenizer(PROMPT, return_tensors="pt")["input_ids"]
-    variants = ("generate", "capture", "capture+resid", "capture+probe", "capture+sae")
-    extra = extras(model, ids)
+def bench(models: dict, ids: list[int], n: int, reps: int, variants: tuple[str, ...]) -> dict:
+    extra = extras(models["rows"], ids) if any("+" in v for v in variants) else {}
     for v in variants:  # warm-up
-        run_variant(model, v, 4, ids, extra)
+        run_variant(models, v, 2, ids, extra)
     times = {v: [] for v in variants}
     for _ in range(reps):
         for v in variants:
-            times[v].append(run_variant(model, v, n, ids, extra))
+            times[v].append(run_variant(models, v, n, ids, extra))
     base = statistics.median(times["generate"])
     return {v: {"median_s": statistics.median(t), "tokens_per_s": n / statistics.median(t),
                 "ratio": statistics.median(t) / base, "times_s": t} for v, t in times.items()}
 
 
+def peak_rss(path: str, variant: str, P: int, n: int, device: str) -> float:
+    """Peak resident memory (MiB) of a fresh process that loads the model and runs one variant once."""
+    code = (f"import resource, sys; sys.argv=['x']; sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r});"
+            "import capture_overhead as b, trajscope as ts, torch; torch.set_grad_enabled(False);"
+            f"attn = 'eager' if 'eager' in {variant!r} else ('sdpa' if {variant!r}.startswith('generate') else 'rows');"
+            f"m = ts.load_model({path!r}, device={device!r}, attn=attn); ids = b.long_ids(m, {P});"
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+            f"b.run_variant({{attn: m}}, {variant!r}, {n}, ids, {{}});"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def long_ids(model: ts.ModelHandle, P: int) -> list[int]:
+    """P token ids of real text (the standard library's source, repeated as needed)."""
+    import inspect
+    import json as _json
+
+    text = inspect.getsource(_json.decoder) + inspect.getsource(_json.encoder)
+    ids = model.encode(text)
+    while len(ids) < P:
+        ids = ids + ids
+    return ids[:P]
+
+
+def report(name: str, n: int, reps: int, res: dict) -> None:
+    print(f"\n{name}, {n} new tokens, median of {reps} interleaved runs")
+    print(f"  {'variant':<17}{'tokens/s':>10}{'× generate':>12}")
+    for v, r in res.items():
+        print(f"  {v:<17}{r['tokens_per_s']:>10.1f}{r['ratio']:>12.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="fewer tokens (smoke run)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="fewer tokens, P = 512 only (smoke run)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
-    out: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-                            f"{torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d %H:%M")}
+    dev = args.device
+    name = torch.cuda.get_device_name(0) if dev.startswith("cuda") else f"{platform.machine()}, {os.cpu_count()} CPUs"
+    out: dict = {"machine": f"{name}, torch {torch.__version__}, {torch.get_num_threads()} threads",
+                 "device": dev, "date": time.strftime("%Y-%m-%d %H:%M")}
+    short = ("generate", "generate(eager)", "capture", "capture(eager)", "capture+resid", "capture+probe", "capture+sae")
     with tempfile.TemporaryDirectory() as tmp:
-        cases = [("sample (5.7M)", lambda: ts.load_model("sample", device="cpu"), 32 if args.quick else 128),
-                 ("gpt2-small random (124M)", lambda: ts.load_model(str(gpt2_small_dir(pathlib.Path(tmp))), device="cpu"),
-                  16 if args.quick else 64)]
-        for name, load, n in cases:
-            model = load()
-            res = bench(model, n, args.reps)
-            out[name] = {"new_tokens": n, **res}
-            print(f"\n{name}, {n} new tokens, median of {args.reps} interleaved runs")
-            print(f"  {'variant':<15}{'tokens/s':>10}{'× generate':>12}")
-            for v, r in res.items():
-                print(f"  {v:<15}{r['tokens_per_s']:>10.1f}{r['ratio']:>12.3f}")
-            del model
+        tmp = pathlib.Path(tmp)
+        cases = [("sample (5.7M)", "sample", 32 if args.quick else 128),
+                 ("gpt2-small random (124M)", str(gpt2_small_dir(tmp)), 16 if args.quick else 64)]
+        for label, path, n in cases:
+            models = {a: ts.load_model(path, device=dev, attn=a) for a in ("rows", "eager", "sdpa")}
+            ids = models["rows"].encode(PROMPT)
+            res = bench(models, ids, n, args.reps, short)
+            out[label] = {"new_tokens": n, "prompt_tokens": len(ids), **res}
+            report(label, n, args.reps, res)
+            del models
+        long_path = str(gpt2_small_dir(tmp, 2112))
+        models = {a: ts.load_model(long_path, device=dev, attn=a) for a in ("rows", "eager", "sdpa")}
+        for P in ((512,) if args.quick else LONG):
+            ids = long_ids(models["rows"], P)
+            variants = ("generate", "generate(eager)", "capture", "capture(eager)")
+            res = bench(models, ids, 16, args.reps, variants)
+            label = f"gpt2-small random (124M), P = {P}"
+            if not args.no_memory:
+                mem = {v: peak_rss(long_path, v, P, 16, dev) for v in variants}
+                for v in variants:
+                    res[v].update(peak_rss_mib=mem[v], memory_ratio=mem[v] / mem["generate"])
+            out[label] = {"new_tokens": 16, "prompt_tokens": P, **res}
+            report(label, 16, args.reps, res)
+            if not args.no_memory:
+                print("  peak RSS (MiB): " + ", ".join(f"{v} {res[v]['peak_rss_mib']:.0f} "
+                                                       f"({res[v]['memory_ratio']:.2f}×)" for v in variants))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "capture_overhead.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(f"\nwritten to {RESULTS / 'capture_overhead.json'}", file=sys.stderr)
+    suffix = "" if dev == "cpu" else "_" + dev.replace(":", "")
+    (RESULTS / f"capture_overhead{suffix}.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(f"\nwritten to {RESULTS / f'capture_overhead{suffix}.json'}", file=sys.stderr)
 
 
 if __name__ == "__main__":

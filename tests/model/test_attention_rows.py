@@ -9,6 +9,7 @@ of a capture are unchanged against the eager path.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,3 +81,18 @@ def test_default_prefill_window_holds_the_last_rows(tiny_models, tiny_eager):
     assert (pre.sort("pos", "layer", "head")["entropy"] - ref["entropy"]).abs().max() < 1e-5
     with pytest.raises(ts.TrajscopeError, match="prefill_rows"):
         ts.CaptureConfig(prefill_rows=0)
+
+
+def test_prefill_window_also_limits_the_unembedding(tiny_models):
+    """With a window, prompt positions before it keep residual stats but get null logprob/entropy;
+    inside it the numbers equal the all-rows capture."""
+    model = tiny_models["gpt2"]
+    P = len(model.encode(PROMPT))
+    win = ts.capture(model, PROMPT, max_new_tokens=4, stop_at_eos=False, prefill_rows=6).tokens
+    full = ts.capture(model, PROMPT, max_new_tokens=4, stop_at_eos=False, prefill_rows="all").tokens
+    assert win["entropy"][: P - 6].null_count() == P - 6 and win["top_ids"][: P - 6].null_count() == P - 6
+    assert win["logprob"][1: P - 5].null_count() == P - 6
+    for col in ("entropy", "logprob"):
+        a, b = win[col][P - 6:].to_numpy(), full[col][P - 6:].to_numpy()
+        assert np.nanmax(abs(a - b)) < 1e-5 and np.isnan(a).sum() == np.isnan(b).sum() == 1, col
+    assert win["top_ids"][P - 6:].to_list() == full["top_ids"][P - 6:].to_list()

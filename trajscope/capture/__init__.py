@@ -79,7 +79,8 @@ class _CancelCriterion:
 
 
 def _gen_kwargs(model: ModelHandle, cfg: CaptureConfig) -> dict[str, Any]:
-    kw: dict[str, Any] = {"max_new_tokens": cfg.max_new_tokens, "logits_to_keep": 0,
+    keep = 0 if cfg.prefill_row_limit is None else cfg.prefill_row_limit  # 0: every position's logits
+    kw: dict[str, Any] = {"max_new_tokens": cfg.max_new_tokens, "logits_to_keep": keep,
                           "pad_token_id": model.tokenizer.pad_token_id}
     if cfg.temperature > 0:
         kw.update(do_sample=True, temperature=float(cfg.temperature), top_p=cfg.top_p or 1.0, top_k=cfg.top_k or 0)

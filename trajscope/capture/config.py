@@ -75,10 +75,12 @@ class CaptureConfig:
         probe: a :class:`~trajscope.profile.DriftProbe` scored during decode (``probe`` table).
         top_k_keys: top attended keys kept per query row (``attention`` table).
         top_k_tokens: top next-token alternatives kept per position (``tokens`` table).
-        prefill_rows: prefill query rows whose attention is computed and summarised in the
-            ``attention`` table: the last ``prefill_rows`` prompt queries (default 32, the observation
-            window of SnapKV-style policies), or ``"all"``. Decode steps always have their row. Keeping
-            full attention tensors (``attention_layers``) computes every prefill row.
+        prefill_rows: prefill query rows whose per-query outputs are computed: their attention rows
+            (summarised in the ``attention`` table) and their next-token distribution (``logprob`` of
+            the following token, ``entropy``, top-k in ``tokens``). The last ``prefill_rows`` prompt
+            queries (default 32, the observation window of SnapKV-style policies), or ``"all"``; earlier
+            prompt positions keep their residual statistics and get nulls there. Decode steps always
+            have their row. Keeping full attention tensors (``attention_layers``) computes every row.
     """
 
     max_new_tokens: int = 32

@@ -95,7 +95,8 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
         P: prompt length; consumed: ``[q]`` ids fed to this step.
         attn_rows: per layer ``[H, n, k]``, the attention rows of the step's last ``n ≤ q`` queries
             (at prefill the boundary may compute only a window of rows); resid: per layer
-            ``[q, d_model]``; logits: ``[q, vocab]``.
+            ``[q, d_model]``; logits: ``[m, vocab]`` for the step's last ``m ≤ q`` queries (at prefill the
+            boundary may compute the unembedding for a window of rows only).
         prev_lp: ``[vocab]`` log-probabilities of the previous step's last row (None at step 0).
         opts: ``(residual_layers, attention_layers, top_k_keys, top_k_tokens, probe, sae)``; ``sae`` is
             None or ``(layer, encode)`` with ``encode([q, d]) -> dict of [q, …] tensors``.
@@ -118,12 +119,13 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
     r_stats = residual_stats(torch.stack(resid))
     t_stats = token_stats(logits, top_k_tokens)
     lp = t_stats["logprobs"]
-    if step == 0:
-        chosen = lp[:-1].gather(-1, consumed[1:].unsqueeze(-1)).squeeze(-1)  # logprob of prompt tokens 1..P-1
+    lp_first = first_pos + q - lp.shape[0]
+    if step == 0:  # logprob of the prompt tokens after each computed row's query
+        chosen = lp[:-1].gather(-1, consumed[q - lp.shape[0] + 1:].unsqueeze(-1)).squeeze(-1)
     else:
         chosen = prev_lp[consumed[0]].reshape(1)
     return {
-        "step": step, "first_pos": first_pos, "attn_first_pos": attn_first, "ids": consumed.detach().clone(),
+        "step": step, "first_pos": first_pos, "attn_first_pos": attn_first, "lp_first_pos": lp_first, "ids": consumed.detach().clone(),
         "chosen_lp": chosen, "entropy": t_stats["entropy"], "top_ids": t_stats["top_ids"],
         "top_lp": t_stats["top_lp"], "attn": a_stats["stats"], "top_pos": a_stats["top_pos"],
         "top_w": a_stats["top_w"], "act": r_stats,

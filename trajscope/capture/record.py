@@ -25,11 +25,14 @@ class StepRecord:
         first_pos: position of the step's first query row.
         attn_first_pos: position of the first query row whose attention was computed (``first_pos``
             unless the prefill computed only a window of rows: then ``P − n``).
+        lp_first_pos: position of the first query row whose next-token distribution was computed
+            (``first_pos`` unless the prefill unembedded only a window of rows: then ``P − m``).
         ids: ``[q]`` token ids fed to the step (the queries).
-        chosen_lp: logprobs of the tokens at positions ``first_pos + 1 …`` under earlier steps:
-            ``[P − 1]`` at step 0 (prompt tokens 1..P−1), ``[1]`` after (the query token).
-        entropy: ``[q]`` next-token entropy at each query (nats).
-        top_ids, top_lp: ``[q, top_k_tokens]`` next-token alternatives.
+        chosen_lp: logprobs of tokens under the distribution that predicted them: at step 0
+            ``[m − 1]`` for the prompt tokens at ``lp_first_pos + 1 … P − 1``; after, ``[1]`` for the
+            query token (predicted by the previous step).
+        entropy: ``[m]`` next-token entropy at each computed row (nats).
+        top_ids, top_lp: ``[m, top_k_tokens]`` next-token alternatives.
         attn: ``[L, H, n, 7]`` attention telemetry (kernels.ATTN_FIELDS) of the ``n`` computed rows.
         top_pos, top_w: ``[L, H, n, top_k_keys]`` top attended keys (−1 / 0 padding).
         act: ``[L, q, 7]`` residual statistics (ACT_FIELDS).
@@ -41,6 +44,7 @@ class StepRecord:
     step: int
     first_pos: int
     attn_first_pos: int
+    lp_first_pos: int
     ids: torch.Tensor
     chosen_lp: torch.Tensor
     entropy: torch.Tensor

@@ -43,30 +43,34 @@ def build_tables(meta: dict, recs: Sequence[StepRecord], token_ids: list[int], f
     pos = np.arange(T)
     step = positions.query_step(pos, P)
     logprob = np.full(T, np.nan, dtype=np.float32)
-    if recs:
-        chosen = np.concatenate([_np(r.chosen_lp).reshape(-1) for r in recs])
-        logprob[1 : 1 + len(chosen)] = chosen
-    if final_lp is not None and T > n_comp:
-        logprob[T - 1] = float(final_lp[token_ids[-1]])
     k_tok = int(meta.get("top_k_tokens", 5))
     entropy = np.full(T, np.nan, dtype=np.float32)
     top_ids = np.full((T, k_tok), -1, dtype=np.int64)
     top_lp = np.full((T, k_tok), np.nan, dtype=np.float32)
-    if recs:
-        entropy[:n_comp] = np.concatenate([_np(r.entropy) for r in recs])
-        top_ids[:n_comp] = np.concatenate([_np(r.top_ids) for r in recs])
-        top_lp[:n_comp] = np.concatenate([_np(r.top_lp) for r in recs])
+    has_dist = np.zeros(T, dtype=bool)  # positions whose next-token distribution was computed
+    for r in recs:
+        chosen = _np(r.chosen_lp).reshape(-1)
+        start = r.lp_first_pos + 1 if r.step == 0 else r.first_pos  # prefill: tokens after each row's query
+        logprob[start:start + len(chosen)] = chosen
+        sl = slice(r.lp_first_pos, r.lp_first_pos + len(r.entropy))
+        entropy[sl], top_ids[sl], top_lp[sl] = _np(r.entropy), _np(r.top_ids), _np(r.top_lp)
+        has_dist[sl] = True
+    if final_lp is not None and T > n_comp:
+        logprob[T - 1] = float(final_lp[token_ids[-1]])
     texts = tokenizer.batch_decode([[i] for i in token_ids]) if T else []
-    flat_top = [int(i) for i in top_ids[:n_comp].reshape(-1)]
-    top_texts = tokenizer.batch_decode([[i] for i in flat_top]) if flat_top else []
-    top_texts_rows = [top_texts[i * k_tok:(i + 1) * k_tok] for i in range(n_comp)] + [None] * (T - n_comp)
+    rows_with = np.flatnonzero(has_dist)
+    flat_top = [int(i) for i in top_ids[rows_with].reshape(-1)]
+    decoded = tokenizer.batch_decode([[i] for i in flat_top]) if flat_top else []
+    top_texts_rows: list = [None] * T
+    for j, i in enumerate(rows_with):
+        top_texts_rows[i] = decoded[j * k_tok:(j + 1) * k_tok]
     tokens = pl.DataFrame({
         "run_id": [run_id] * T, "pos": pos.astype(np.int32), "step": step.astype(np.int32),
         "phase": positions.phases(pos, P), "token_id": np.asarray(token_ids, dtype=np.int64),
         "text": texts, "logprob": logprob, "entropy": entropy,
-        "top_ids": [list(map(int, r)) if i < n_comp else None for i, r in enumerate(top_ids)],
+        "top_ids": [list(map(int, r)) if has_dist[i] else None for i, r in enumerate(top_ids)],
         "top_texts": top_texts_rows,
-        "top_logprobs": [list(map(float, r)) if i < n_comp else None for i, r in enumerate(top_lp)],
+        "top_logprobs": [list(map(float, r)) if has_dist[i] else None for i, r in enumerate(top_lp)],
     }, schema_overrides={"top_ids": pl.List(pl.Int64), "top_texts": pl.List(pl.String),
                          "top_logprobs": pl.List(pl.Float32)}).with_columns(
         pl.col("logprob", "entropy").fill_nan(None), positions.produced_at_step_expr(P))

@@ -201,7 +201,7 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
                 traj = forward_run(model, item["prompt"], layer, max_new_tokens=max(1, max_new_tokens),
                                    temperature=temp, top_p=top_p, seed=s, stop_at_eos=stop_at_eos)
             else:
-                cfg = CaptureConfig(max_new_tokens=max(1, max_new_tokens), temperature=temp,
+                cfg = CaptureConfig(max_new_tokens=max(1, max_new_tokens), temperature=temp, prefill_rows="all",
                                     top_p=top_p if temp > 0 else None, seed=s, stop_at_eos=stop_at_eos,
                                     residual_layers=[layer])
                 traj = capture(model, item["prompt"], cfg, run_id=f"{pid}-{source}")
