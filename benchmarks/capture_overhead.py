@@ -112,17 +112,46 @@ def bench(models: dict, ids: list[int], n: int, reps: int, variants: tuple[str, 
                 "ratio": statistics.median(t) / base, "times_s": t} for v, t in times.items()}
 
 
-def peak_rss(path: str, variant: str, P: int, n: int, device: str) -> float:
-    """Peak resident memory (MiB) of a fresh process that loads the model and runs one variant once."""
-    code = (f"import resource, sys; sys.argv=['x']; sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r});"
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def measure_peak(models: dict, variant: str, n: int, ids: list[int]) -> tuple[float, float]:
+    """(peak RSS during one run, peak minus the RSS before it), MiB, sampled every 2 ms."""
+    import gc
+    import threading
+
+    gc.collect()
+    before = _rss_mib()
+    peak, done = [before], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mib())
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        run_variant(models, variant, n, ids, {})
+    finally:
+        done.set()
+        t.join()
+    return peak[0], peak[0] - before
+
+
+def peak_rss(path: str, variant: str, P: int, n: int, device: str) -> tuple[float, float]:
+    """:func:`measure_peak` of one variant in a fresh process (so earlier runs leave no high-water mark)."""
+    code = (f"import sys; sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r});"
             "import capture_overhead as b, trajscope as ts, torch; torch.set_grad_enabled(False);"
-            f"attn = 'eager' if 'eager' in {variant!r} else ('sdpa' if {variant!r}.startswith('generate') else 'rows');"
+            f"v = {variant!r}; attn = 'eager' if 'eager' in v else ('sdpa' if v.startswith('generate') else 'rows');"
             f"m = ts.load_model({path!r}, device={device!r}, attn=attn); ids = b.long_ids(m, {P});"
-            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
-            f"b.run_variant({{attn: m}}, {variant!r}, {n}, ids, {{}});"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+            f"b.run_variant({{attn: m}}, v, 2, ids, {{}});"
+            f"print(*b.measure_peak({{attn: m}}, v, {n}, ids))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    peak, extra = map(float, out.stdout.strip().splitlines()[-1].split())
+    return peak, extra
 
 
 def long_ids(model: ts.ModelHandle, P: int) -> list[int]:
@@ -178,12 +207,15 @@ def main() -> None:
             if not args.no_memory:
                 mem = {v: peak_rss(long_path, v, P, 16, dev) for v in variants}
                 for v in variants:
-                    res[v].update(peak_rss_mib=mem[v], memory_ratio=mem[v] / mem["generate"])
+                    res[v].update(peak_rss_mib=mem[v][0], run_extra_mib=mem[v][1],
+                                  memory_ratio=mem[v][0] / mem["generate"][0],
+                                  run_extra_ratio=mem[v][1] / max(mem["generate"][1], 1e-9))
             out[label] = {"new_tokens": 16, "prompt_tokens": P, **res}
             report(label, 16, args.reps, res)
             if not args.no_memory:
-                print("  peak RSS (MiB): " + ", ".join(f"{v} {res[v]['peak_rss_mib']:.0f} "
-                                                       f"({res[v]['memory_ratio']:.2f}×)" for v in variants))
+                print("  peak RSS during the run, MiB (× generate; the run's own growth in MiB): " + ", ".join(
+                    f"{v} {res[v]['peak_rss_mib']:.0f} ({res[v]['memory_ratio']:.2f}×; +{res[v]['run_extra_mib']:.0f})"
+                    for v in variants))
     RESULTS.mkdir(exist_ok=True)
     suffix = "" if dev == "cpu" else "_" + dev.replace(":", "")
     (RESULTS / f"capture_overhead{suffix}.json").write_text(json.dumps(out, indent=2) + "\n")

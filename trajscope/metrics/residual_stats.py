@@ -36,17 +36,22 @@ def residual_stats(x: torch.Tensor, median_abs=None, dtype: torch.dtype = torch.
     x = x.to(dtype)
     mean = x.mean(-1)
     centred = x - mean.unsqueeze(-1)
-    var = centred.pow(2).mean(-1)
-    m4 = centred.pow(4).mean(-1)
+    c2 = centred * centred
+    var = c2.mean(-1)
+    m4 = (c2 * c2).mean(-1)
     kurt = torch.where(var > 0, m4 / var.pow(2).clamp_min(1e-30) - 3.0, torch.zeros_like(var))
     ax = x.abs()
     max_abs = ax.amax(-1)
     n_out = (ax > OUTLIER_ABS).sum(-1).to(dtype)
-    if median_abs is None:
-        med = ax.median(-1).values.unsqueeze(-1)
+    big = ax > MASSIVE_ABS
+    if bool(big.any()):  # the median only matters where some |x| passes the absolute bar
+        if median_abs is None:
+            med = ax.median(-1).values.unsqueeze(-1)
+        else:
+            med = torch.as_tensor(median_abs, dtype=dtype, device=x.device)
+            med = med.unsqueeze(-1) if med.dim() > 0 else med
+        n_massive = (big & (ax > MASSIVE_RATIO * med)).sum(-1).to(dtype)
     else:
-        med = torch.as_tensor(median_abs, dtype=dtype, device=x.device)
-        med = med.unsqueeze(-1) if med.dim() > 0 else med
-    n_massive = ((ax > MASSIVE_ABS) & (ax > MASSIVE_RATIO * med)).sum(-1).to(dtype)
-    norm = x.norm(dim=-1)
+        n_massive = torch.zeros_like(max_abs)
+    norm = (x * x).sum(-1).sqrt()
     return torch.stack([norm, mean, var, kurt, max_abs, n_out, n_massive], dim=-1)
