@@ -170,3 +170,17 @@ def test_concurrent_model_operations_on_one_handle_never_overlap(tiny_models, mo
 def test_the_overlap_check_sees_an_unlocked_handle(tiny_models, monkeypatch):
     """Control: with the lock replaced by a no-op, the same two forwards do overlap."""
     assert _overlaps(tiny_models["gpt_neox"], monkeypatch, lock_on=False)
+
+
+def test_masked_decode_from_an_earlier_position_equals_the_masked_forward(tiny_models):
+    """mask_from inside the prompt (compaction): prompt queries after it are masked too."""
+    model = tiny_models["mistral"]
+    ids = model.encode(PROMPT + " + fib(n - 1)")
+    P, start = len(ids), len(ids) - 4
+    keep = torch.ones(P, dtype=torch.bool)
+    keep[2:6] = False
+    out = model.masked_decode(ids, 5, keep, mask_from=start)
+    forced = model.forward(out[:-1], key_mask=keep, mask_from=start, layers=[0])
+    assert forced.logits[P - 1:].argmax(-1).tolist() == out[P:]
+    _, ref = hf_forward(model, out[:-1], hidden_mask(len(out) - 1, range(2, 6), start))
+    torch.testing.assert_close(forced.resid[0], ref[0], atol=1e-5, rtol=1e-4)

@@ -280,24 +280,30 @@ def forward_batch(model: Any, batch: Sequence[Sequence[int]], *, padding_side: s
     return results
 
 
-def masked_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, key_mask: torch.Tensor) -> list[int]:
-    """Greedy decode with the KV cache; decode queries see only the keys that ``key_mask`` keeps.
+def masked_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, key_mask: torch.Tensor,
+                  mask_from: int | None = None) -> list[int]:
+    """Greedy decode with the KV cache; queries at positions ``≥ mask_from`` see only the kept keys.
 
-    The prompt is prefilled with full attention (its states are what a serving stack would have
-    computed before evicting); from the first decode query on, masked keys are hidden.
+    By default (``mask_from = P``) the prompt is prefilled with full attention (its states are what
+    a serving stack would have computed before evicting) and masked keys are hidden from the first
+    decode query on. An earlier ``mask_from`` also masks the prompt's later queries (compaction: the
+    turns after a summary no longer see the compacted ones).
 
     Returns:
         Prompt + generated ids (``max_new_tokens`` of them; EOS does not stop it).
     """
     ids = list(prompt_ids)
     P = len(ids)
-    out = forward(model, ids, return_cache=True)
+    mask_from = P if mask_from is None else int(mask_from)
+    out = forward(model, ids, prompt_len=mask_from, key_mask=key_mask if mask_from < P else None,
+                  mask_from=mask_from, return_cache=True)
     cache = out.cache
     for _ in range(max_new_tokens):
         nxt = int(out.logits[-1].argmax())
         ids.append(nxt)
         if len(ids) - P >= max_new_tokens:
             break
-        out = forward(model, [nxt], prompt_len=P, key_mask=key_mask, past=cache, return_cache=True, _inplace=True)
+        out = forward(model, [nxt], prompt_len=P, key_mask=key_mask, mask_from=mask_from, past=cache,
+                      return_cache=True, _inplace=True)
         cache = out.cache
     return ids

@@ -189,11 +189,13 @@ class ModelHandle:
 
     def forward(self, token_ids: Sequence[int], *, prompt_len: int | None = None, steering: Sequence[Any] = (),
                 layers: Sequence[int] = (), splice: tuple[int, Callable] | None = None,
-                key_mask: torch.Tensor | None = None, past: Any = None, return_cache: bool = False) -> ForwardResult:
+                key_mask: torch.Tensor | None = None, mask_from: int | None = None, past: Any = None,
+                return_cache: bool = False) -> ForwardResult:
         """Teacher-forced forward over known tokens; see :func:`trajscope.model.forward.forward`."""
         with self.lock:
             return fw.forward(self, token_ids, prompt_len=prompt_len, steering=steering, layers=layers,
-                              splice=splice, key_mask=key_mask, past=past, return_cache=return_cache)
+                              splice=splice, key_mask=key_mask, mask_from=mask_from, past=past,
+                              return_cache=return_cache)
 
     def read_residuals(self, prompts: Sequence[str | Sequence[int]], layer: int, position: int = -1) -> torch.Tensor:
         """Block ``layer``'s output at ``position`` of each prompt: ``[n_prompts, d_model]`` float32."""
@@ -223,10 +225,12 @@ class ModelHandle:
         with self.lock:
             return fw.forward_batch(self, batch, padding_side=padding_side, layers=layers)
 
-    def masked_decode(self, prompt_ids: Sequence[int], max_new_tokens: int, key_mask: torch.Tensor) -> list[int]:
-        """Greedy decode with the KV cache while decode queries see only the keys ``key_mask`` keeps."""
+    def masked_decode(self, prompt_ids: Sequence[int], max_new_tokens: int, key_mask: torch.Tensor,
+                      mask_from: int | None = None) -> list[int]:
+        """Greedy decode with the KV cache while queries from ``mask_from`` (default: the first decode
+        query) see only the keys ``key_mask`` keeps; see :func:`trajscope.model.forward.masked_decode`."""
         with self.lock:
-            return fw.masked_decode(self, prompt_ids, max_new_tokens, key_mask)
+            return fw.masked_decode(self, prompt_ids, max_new_tokens, key_mask, mask_from)
 
     def __repr__(self) -> str:
         return (f"ModelHandle({self.model_id!r}, family={self.family.name}, layers={self.n_layers}, "
