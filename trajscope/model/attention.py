@@ -80,7 +80,9 @@ def attention_rows(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | 
     for s in range(0, n, chunk):
         q = query[:, :, s:s + chunk].float()
         scores = torch.matmul(q, k_f.transpose(-1, -2)) * scaling
-        if mask is None:
+        if mask is None and q_offset + s + q.shape[2] == k and q.shape[2] == 1:
+            pass  # the newest query sees every cached key: nothing to hide
+        elif mask is None:
             rows = torch.arange(q_offset + s, q_offset + s + q.shape[2], device=q.device)
             hide = torch.arange(k, device=q.device)[None, :] > rows[:, None]
             scores = scores.masked_fill(hide, float("-inf"))
