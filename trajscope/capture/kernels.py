@@ -116,7 +116,8 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
     else:  # prefill: per layer, so P×P maps of every layer are never stacked at once
         per = [attention_stats(a, P, attn_first, top_k_keys) for a in attn_rows]
         a_stats = {k: torch.stack([p[k] for p in per]) for k in per[0]}
-    r_stats = residual_stats(torch.stack(resid))
+    # prefill: one layer at a time, so the temporaries stay O(P·d) instead of O(L·P·d)
+    r_stats = residual_stats(torch.stack(resid)) if q == 1 else torch.stack([residual_stats(r) for r in resid])
     t_stats = token_stats(logits, top_k_tokens)
     lp = t_stats["logprobs"]
     lp_first = first_pos + q - lp.shape[0]
