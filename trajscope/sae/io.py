@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from trajscope.errors import TrajscopeError
-from trajscope.sae.model import DTYPES, SAE, SAEConfig
+from trajscope.sae.config import DTYPES, SAEConfig
 
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
@@ -87,11 +87,12 @@ def config_to_saelens(cfg: SAEConfig) -> dict[str, Any]:
     return out
 
 
-def load_sae(path: str | os.PathLike, device: str | None = None) -> SAE:
+def load_sae(path: str | os.PathLike, sae_cls: Any, device: str | None = None) -> Any:
     """Read a SAELens-format SAE directory.
 
     Args:
         path: directory holding ``cfg.json`` and ``sae_weights.safetensors``.
+        sae_cls: the class to build (:class:`trajscope.sae.model.SAE`; ``SAE.load`` passes it).
         device: where to put the weights (default: the config's device if available, else CPU).
 
     Returns:
@@ -132,7 +133,7 @@ def load_sae(path: str | os.PathLike, device: str | None = None) -> SAE:
         if tuple(state[name].shape) != shape:
             raise TrajscopeError(f"{w_path}: '{name}' is {tuple(state[name].shape)} but cfg.json "
                                  f"(d_in={cfg.d_in}, d_sae={cfg.d_sae}) implies {shape}.")
-    sae = SAE(cfg, seed=None)
+    sae = sae_cls(cfg, seed=None)
     dtype = DTYPES[cfg.dtype]
     with torch.no_grad():
         for name in want:
@@ -144,7 +145,7 @@ def load_sae(path: str | os.PathLike, device: str | None = None) -> SAE:
     return sae.to(device).eval()
 
 
-def save_sae(sae: SAE, path: str | os.PathLike) -> pathlib.Path:
+def save_sae(sae: Any, path: str | os.PathLike) -> pathlib.Path:
     """Write ``sae`` as a SAELens v6 directory (atomic per file: temporary name, then rename).
 
     Returns:

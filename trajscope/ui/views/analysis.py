@@ -97,7 +97,7 @@ class SteeringView(StateView):
         return get_model(self.state.model_source)
 
     def _vector(self, model):
-        from trajscope.cli_steer import read_pairs
+        from trajscope.prompts import read_pairs
         from trajscope.steering import SteeringVector
 
         s = self.settings

@@ -19,14 +19,16 @@ import argparse
 import pathlib
 import sys
 
+from trajscope.cli import options as opt
+from trajscope.errors import TrajscopeError
+
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    import trajscope as ts
-    from trajscope.cli import read_prompts
     from trajscope.profile_build import build_profile
+    from trajscope.prompts import read_prompts
 
     prompts = [p["prompt"] for p in read_prompts(args.prompts)]
-    model = ts.load_model(args.model, device=args.device)
+    model = opt.load(args)
     prof = build_profile(model, prompts, fpr=args.fpr, seed=args.seed)
     path = prof.save(args.out)
     thr = ", ".join(f"{t:.3f}" for t in prof.threshold.tolist())
@@ -39,23 +41,24 @@ def cmd_drift(args: argparse.Namespace) -> int:
     import polars as pl
     from tqdm.auto import tqdm
 
-    import trajscope as ts
-    from trajscope.cli import read_prompts
+    from trajscope.capture import CaptureConfig, capture
     from trajscope.metrics.residual_drift import drift_by_group, drift_table
+    from trajscope.prompts import read_prompts
     from trajscope.profile import ReferenceProfile
     from trajscope.profile_build import build_profile
 
     prompts = [p["prompt"] for p in read_prompts(args.prompts)]
     prof = ReferenceProfile.load(args.profile) if args.profile else None
-    model = ts.load_model(args.model, device=args.device)
+    model = opt.load(args)
     if prof is None:
         prof = build_profile(model, prompts, fpr=args.fpr, seed=args.seed)
     prof.check_model(model.n_layers, model.d_model, model.model_id)
     out = pathlib.Path(args.out)
     trajs = []
-    for prompt in tqdm(prompts, desc="decode", unit="prompt"):
-        trajs.append(ts.capture(model, prompt, max_new_tokens=args.max_new_tokens, residual_layers="all",
-                                temperature=args.temperature, seed=args.seed, stop_at_eos=not args.no_eos))
+    cfg = CaptureConfig(max_new_tokens=args.max_new_tokens, residual_layers="all", temperature=args.temperature,
+                        seed=args.seed, stop_at_eos=not args.no_eos)
+    for prompt in tqdm(prompts, desc="decode", unit="prompt", disable=args.quiet):
+        trajs.append(capture(model, prompt, cfg))
     positions = pl.concat([drift_table(t, prof) for t in trajs])
     by_depth = drift_by_group(trajs, prof, by="depth_band")
     by_entropy = drift_by_group(trajs, prof, by="entropy_band")
@@ -66,7 +69,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
         by_entropy.write_parquet(out / "by_entropy.parquet")
         prof.save(out / "profile.safetensors")
     except OSError as exc:
-        raise ts.TrajscopeError(f"Cannot write the drift report to '{out}': {exc.strerror or exc}.") from None
+        raise TrajscopeError(f"Cannot write the drift report to '{out}': {exc.strerror or exc}.") from None
     wide = by_depth.pivot(on="depth_band", index="layer", values="score", maintain_order=True)
     flags = by_depth.pivot(on="depth_band", index="layer", values="flagged_frac", maintain_order=True)
     with pl.Config(tbl_rows=100, tbl_cols=20, float_precision=3):
@@ -78,25 +81,32 @@ def cmd_drift(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``profile`` and ``drift`` to the ``trajscope`` parser."""
-    p = sub.add_parser("profile", help="prefill reference profile of a prompt set")
-    p.add_argument("--model", default="sample")
-    p.add_argument("--device", default=None)
-    p.add_argument("--prompts", required=True)
+def register(sub) -> None:
+    """Add ``profile`` and ``drift``."""
+    p = opt.command(sub, "profile", "prefill reference profile of a prompt set",
+                    "Capture the prefill of every prompt and fit per-layer moments plus a drift threshold "
+                    "calibrated to --fpr on held-out prompts.",
+                    "trajscope profile --prompts sample_data/prompts/heldout_chunks.jsonl --out profile.safetensors")
+    opt.add_model(p, dtype=False)
+    p.add_argument("--prompts", required=True, help="JSON-lines prompt file")
     p.add_argument("--fpr", type=float, default=0.01, help="target false-positive rate of the drift threshold")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="profile file (.safetensors)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fit/calibration split")
+    opt.add_out(p, "profile file (.safetensors)")
+    opt.add_quiet(p)
     p.set_defaults(func=cmd_profile)
-    d = sub.add_parser("drift", help="drift of decode versus the prefill profile, by layer and depth")
-    d.add_argument("--model", default="sample")
-    d.add_argument("--device", default=None)
-    d.add_argument("--prompts", required=True)
+    d = opt.command(sub, "drift", "drift of decode versus the prefill profile, by layer and depth",
+                    "Continue every prompt with all residuals kept and score each position against the prefill "
+                    "profile; prints drift score and flagged fraction by layer x decode depth.",
+                    "trajscope drift --prompts sample_data/prompts/heldout_code.jsonl "
+                    "--profile sample_data/profiles/trajscope-tiny.safetensors --out drift/")
+    opt.add_model(d, dtype=False)
+    d.add_argument("--prompts", required=True, help="JSON-lines prompt file")
     d.add_argument("--profile", default=None, help="a profile file; default: built from these prompts' prefill")
-    d.add_argument("--fpr", type=float, default=0.01)
-    d.add_argument("--max-new-tokens", type=int, default=64)
-    d.add_argument("--temperature", type=float, default=0.0)
-    d.add_argument("--no-eos", action="store_true")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--out", required=True)
+    d.add_argument("--fpr", type=float, default=0.01, help="false-positive rate when the profile is built here")
+    d.add_argument("--max-new-tokens", type=int, default=64, help="decode steps per prompt")
+    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    d.add_argument("--no-eos", action="store_true", help="do not stop at the EOS token")
+    d.add_argument("--seed", type=int, default=0, help="sampling and split seed")
+    opt.add_out(d, "folder for positions.parquet, by_depth.parquet, by_entropy.parquet, profile.safetensors")
+    opt.add_quiet(d)
     d.set_defaults(func=cmd_drift)

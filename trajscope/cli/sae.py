@@ -10,7 +10,7 @@
   feature overlap; writes ``sae_drift.parquet``, ``sae_overlap.parquet`` and
   ``sae_drift_wide.parquet``.
 
-:func:`register` adds them to the main parser (``trajscope/cli.py``).
+:func:`register` adds them to the main parser (:mod:`trajscope.cli`).
 """
 
 from __future__ import annotations
@@ -21,33 +21,17 @@ import pathlib
 import sys
 from typing import Any
 
+from trajscope.cli import options as opt
 from trajscope.errors import TrajscopeError
-
-
-def _threads(n: int | None) -> None:
-    if n:
-        import torch
-
-        torch.set_num_threads(int(n))
-
-
-def _out_dir(path: str) -> pathlib.Path:
-    out = pathlib.Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise TrajscopeError(f"Cannot create the output folder '{out}': {exc.strerror or exc}.") from None
-    return out
 
 
 def cmd_harvest(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    import trajscope as ts
-    from trajscope.cli import read_prompts
+    from trajscope.prompts import read_prompts
     from trajscope.sae.harvest import harvest
 
-    _threads(args.threads)
+    opt.threads(args.threads)
     items = read_prompts(args.prompts)
     if args.split != "all":
         items = [p for p in items if p.get("split", "all") == args.split]
@@ -55,7 +39,7 @@ def cmd_harvest(args: argparse.Namespace) -> int:
             raise TrajscopeError(f"No prompt in '{args.prompts}' has split '{args.split}'.")
     if args.limit:
         items = items[: args.limit]
-    model = ts.load_model(args.model, device=args.device)
+    model = opt.load(args)
     bar = tqdm(total=1, desc="harvest", unit="run", disable=args.quiet)
 
     def on_capture(done: int, total: int) -> None:
@@ -67,7 +51,7 @@ def cmd_harvest(args: argparse.Namespace) -> int:
                 greedy=not args.no_greedy, engine=args.engine, on_capture=on_capture)
     bar.close()
     h.meta.update(prompts=args.prompts, split=args.split)
-    path = h.save(_out_dir(args.out))
+    path = h.save(opt.out_dir(args.out))
     counts = h.rows.group_by("phase").len().sort("phase")
     print(f"{path}: {len(h)} rows at layer {h.layer} ({dict(counts.iter_rows())})", file=sys.stderr)
     return 0
@@ -80,7 +64,7 @@ def cmd_train_sae(args: argparse.Namespace) -> int:
     from trajscope.sae.harvest import Harvest
     from trajscope.sae.train import TrainConfig, train_sae
 
-    _threads(args.threads)
+    opt.threads(args.threads)
     harvests = [Harvest.load(p) for p in args.harvest]
     layers = {h.layer for h in harvests}
     if len(layers) != 1:
@@ -90,7 +74,7 @@ def cmd_train_sae(args: argparse.Namespace) -> int:
     cfg = TrainConfig(architecture=args.architecture, d_sae=args.d_sae, k=args.k, l1_coefficient=args.l1,
                       decode_fraction=args.decode_fraction, n_tokens=args.n_tokens, batch_size=args.batch_size,
                       lr=args.lr, seed=args.seed)
-    out = _out_dir(args.out)
+    out = opt.out_dir(args.out)
     meta = {"model_name": harvests[0].meta.get("model"), "model_revision": harvests[0].meta.get("revision"),
             "harvests": [str(p) for p in args.harvest], "n_prefill_rows": int(pre.shape[0]),
             "n_decode_rows": int(dec.shape[0]), "trained_with": "trajscope train-sae"}
@@ -133,15 +117,15 @@ def format_table(df: Any, digits: int = 4) -> str:
 def cmd_sae_drift(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    import trajscope as ts
     from trajscope.metrics.sae_eval import side_by_side
+    from trajscope.sae.model import SAE
     from trajscope.sae.drift import drift_report
     from trajscope.sae.harvest import Harvest
 
-    _threads(args.threads)
+    opt.threads(args.threads)
     h = Harvest.load(args.harvest)
-    saes = {name: ts.SAE.load(path) for name, path in _parse_saes(args.sae).items()}
-    model = None if args.no_splice else ts.load_model(args.model, device=args.device)
+    saes = {name: SAE.load(path) for name, path in _parse_saes(args.sae).items()}
+    model = None if args.no_splice else opt.load(args)
     bars: dict[str, Any] = {}
 
     def progress(name: str, done: int, total: int) -> None:
@@ -154,7 +138,7 @@ def cmd_sae_drift(args: argparse.Namespace) -> int:
 
     table, overlap = drift_report(h, saes, model=model, overlap_k=args.overlap_k, progress=progress)
     wide = side_by_side(table, args.metrics.split(","))
-    out = _out_dir(args.out)
+    out = opt.out_dir(args.out)
     table.write_parquet(out / "sae_drift.parquet")
     wide.write_parquet(out / "sae_drift_wide.parquet")
     overlap.write_parquet(out / "sae_overlap.parquet")
@@ -170,7 +154,10 @@ def cmd_sae_drift(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``harvest``, ``train-sae`` and ``sae-drift`` to the CLI's subparsers."""
-    h = sub.add_parser("harvest", help="save one layer's prefill and decode activations over a prompt set")
+    h = opt.command(sub, "harvest", "save one layer's prefill and decode activations over a prompt set",
+                    "Capture a prompt set's greedy and sampled continuations and save one layer's activations with "
+                    "their tags (phase, step, depth and entropy bands).",
+                    "trajscope harvest --prompts sample_data/prompts/heldout_chunks.jsonl --layer 3 --out h/")
     h.add_argument("--model", default="sample")
     h.add_argument("--prompts", required=True, help="JSON-lines prompt file ({\"prompt\", \"id\", \"split\"})")
     h.add_argument("--split", default="all", help="keep prompts whose 'split' is this (train, eval) or all")
@@ -190,7 +177,9 @@ def register(sub: Any) -> None:
     h.add_argument("--quiet", action="store_true")
     h.set_defaults(func=cmd_harvest)
 
-    t = sub.add_parser("train-sae", help="train a prefill-only or hybrid SAE on harvests")
+    t = opt.command(sub, "train-sae", "train a prefill-only or hybrid SAE on harvests",
+                    "Train a TopK or ReLU SAE in SAELens format on prefill rows, or on a mix with decode rows.",
+                    "trajscope train-sae --harvest h/ --decode-fraction 0.5 --out sae-hybrid/")
     t.add_argument("--harvest", nargs="+", required=True, help="harvest directories (same layer)")
     t.add_argument("--decode-fraction", type=float, default=0.0, help="share of decode rows per batch (0 = prefill-only)")
     t.add_argument("--architecture", choices=("topk", "standard"), default="topk")
@@ -206,7 +195,11 @@ def register(sub: Any) -> None:
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_train_sae)
 
-    d = sub.add_parser("sae-drift", help="report SAE reconstruction and feature overlap, prefill vs decode")
+    d = opt.command(sub, "sae-drift", "report SAE reconstruction and feature overlap, prefill vs decode",
+                    "Encode a harvest with each SAE; print reconstruction by decode depth and entropy band side by "
+                    "side, and the prefill-vs-decode feature overlap.",
+                    "trajscope sae-drift --harvest h-eval/ --sae prefill=sample_data/saes/layer3-prefill-only "
+                    "--out sae-report/")
     d.add_argument("--harvest", required=True, help="harvest directory to evaluate on (e.g. the eval prompts)")
     d.add_argument("--sae", nargs="+", required=True, help="NAME=DIR (or DIR) of SAELens-format SAEs")
     d.add_argument("--model", default="sample", help="model for the spliced-in KL / CE increase")

@@ -1,0 +1,152 @@
+"""``trajscope capture | serve | report | export``: capture runs, serve the app, compare and export runs.
+
+``capture`` runs one prompt (``--prompt``) or a JSON-lines file of prompts
+(``--prompts``), optionally steered (``--steer FILE``), and writes one run
+directory per prompt under ``--out`` (names made safe: a prompt id such as
+``a/b:c`` becomes ``a_b_c``; the id itself stays in ``meta.json``), so the folder
+reads as one dataset (``pl.scan_parquet("OUT/*/attention.parquet")``). A progress
+bar follows the decode steps; Ctrl-C saves the steps captured so far and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import threading
+
+from trajscope.cli import options as opt
+from trajscope.errors import TrajscopeError
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from trajscope.capture import capture
+    from trajscope.prompts import read_prompts
+
+    if (args.prompt is None) == (args.prompts is None):
+        raise TrajscopeError("Give exactly one of --prompt TEXT or --prompts FILE.jsonl.")
+    items = [{"prompt": args.prompt}] if args.prompt is not None else read_prompts(args.prompts)
+    out = opt.out_dir(args.out)
+    config = opt.capture_config(args)
+    model = opt.load(args)
+    interrupted = False
+    outer = tqdm(items, desc="prompts", unit="prompt", disable=len(items) == 1 or args.quiet)
+    for i, item in enumerate(outer):
+        cfg = config.replace(max_new_tokens=int(item.get("max_new_tokens", config.max_new_tokens)),
+                             seed=int(item.get("seed", config.seed)))
+        bar = tqdm(total=cfg.max_new_tokens, desc=f"prompt {i + 1}/{len(items)}", unit="step", leave=False,
+                   disable=args.quiet)
+
+        def on_step(ev, bar=bar):
+            bar.update(1)
+            bar.set_postfix_str(repr(ev.text)[:24])
+
+        try:
+            traj = capture(model, item["prompt"], cfg, on_step=on_step, cancel=threading.Event(),
+                           run_id=str(item["id"]) if item.get("id") is not None else None)
+        finally:
+            bar.close()
+        path = traj.save(out / opt.run_dir_name(traj.run_id))
+        print(f"{path}  ({traj.meta['n_generated']} tokens, stop: {traj.meta['stop_reason']})", file=sys.stderr)
+        if traj.meta["stop_reason"] == "interrupted":
+            interrupted = True
+            break
+    if interrupted:
+        print("Interrupted: the steps captured so far were saved.", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import subprocess
+
+    app = pathlib.Path(__file__).resolve().parents[2] / "apps" / "trajscope.py"
+    if not app.exists():
+        raise TrajscopeError(f"The app file is missing: {app}.")
+    cmd = [sys.executable, "-m", "panel", "serve", str(app), "--port", str(args.port)]
+    print(f"serving the app at http://localhost:{args.port}/trajscope (Ctrl-C stops it)", file=sys.stderr)
+    if args.show:
+        cmd.append("--show")
+        print("--show asks for a browser; on a machine without a display none opens: open the address above.",
+              file=sys.stderr)
+    return subprocess.call(cmd)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from trajscope.report import compare
+
+    comp = compare(args.runs, skip_bad=args.skip_bad, profile=args.profile)
+    if args.profile and "drift_by_depth" not in comp.tables():
+        print("note: --profile adds the drift section only for runs that kept residuals "
+              "(capture them with --residual-layers all); none of these did.", file=sys.stderr)
+    path = comp.save(args.output)
+    for run, reason in comp.skipped:
+        print(f"left out {run}: {reason}", file=sys.stderr)
+    print(f"{path}  ({opt.plural(len(comp.runs), 'run')}; tables in {path.stem}_files/)", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from trajscope.export import export
+
+    runs, skipped = list(args.runs), []
+    if args.skip_bad:
+        from trajscope.trajectory import Trajectory
+
+        good = []
+        for r in runs:
+            try:
+                Trajectory.load(r, lazy=True)
+                good.append(r)
+            except TrajscopeError as exc:
+                skipped.append((r, str(exc)))
+        runs = good
+    for run, reason in skipped:
+        print(f"left out {run}: {reason}", file=sys.stderr)
+    out = export(runs, args.out, partition_by=tuple(args.partition_by.split(",")), progress=not args.quiet)
+    keys = "/".join(k + "=..." for k in args.partition_by.split(","))
+    print(f"{out}/<table>/{keys}/part-0.parquet  ({opt.plural(len(runs), 'run')})", file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    """Add ``capture``, ``serve``, ``report`` and ``export``."""
+    c = opt.command(sub, "capture", "capture runs to run directories",
+                    "Generate a continuation of each prompt and record every step (tokens, attention telemetry, "
+                    "activation statistics; tensors of the layers you name) as one run directory per prompt.",
+                    "trajscope capture --prompt 'def fibonacci(n):' --max-new-tokens 64 --out runs/base")
+    opt.add_model(c, remote=True)
+    c.add_argument("--prompt", help="one prompt")
+    c.add_argument("--prompts", help="JSON-lines file of prompts ({\"prompt\": ..., \"id\": ...} per line), "
+                   "e.g. sample_data/prompts/heldout_code.jsonl")
+    opt.add_sampling(c)
+    opt.add_layers(c)
+    opt.add_steering(c)
+    opt.add_out(c, "folder that receives one run directory per prompt")
+    opt.add_quiet(c)
+    c.set_defaults(func=cmd_capture)
+    s = opt.command(sub, "serve", "serve the app (panel serve apps/trajscope.py)",
+                    "Serve the interactive app on this machine.", "trajscope serve --port 5006")
+    s.add_argument("--port", type=int, default=5006, help="port to listen on")
+    s.add_argument("--show", action="store_true", help="also open a browser (if this machine has one)")
+    s.set_defaults(func=cmd_serve)
+    r = opt.command(sub, "report", "standalone HTML comparison report of run directories",
+                    "Compare runs (the first is the reference) in one offline HTML file plus its Parquet tables.",
+                    "trajscope report runs/base/* runs/steered/* -o report.html")
+    r.add_argument("runs", nargs="+", help="run directories (the first is the reference)")
+    r.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
+    r.add_argument("--skip-bad", action="store_true", help="leave unreadable runs out (named in the report)")
+    r.add_argument("--profile", default=None, help="prefill profile: adds drift by layer x depth for runs that "
+                   "kept residuals (a note says so when none did)")
+    r.set_defaults(func=cmd_report)
+    e = opt.command(sub, "export", "Hive-partitioned Parquet dataset of many runs",
+                    "Write the tables of many run directories as one schema-versioned Parquet dataset.",
+                    "trajscope export runs/* --out dataset/")
+    e.add_argument("runs", nargs="+", help="run directories")
+    opt.add_out(e, "dataset root")
+    e.add_argument("--partition-by", default="model,run_id", help="keys among model, run_id, family")
+    e.add_argument("--skip-bad", action="store_true", help="leave unreadable runs out (named on stderr)")
+    opt.add_quiet(e)
+    e.set_defaults(func=cmd_export)
