@@ -50,6 +50,13 @@ def _safe(value: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", value).strip("_") or "_"
 
 
+def _meta(run: pathlib.Path) -> dict:
+    try:
+        return json.loads((run / "meta.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TrajscopeError(f"Run directory '{run}' has a corrupt meta.json ({exc}).") from None
+
+
 def _run_dirs(runs: Iterable[str | os.PathLike | Trajectory]) -> list:
     out = []
     for r in runs:
@@ -92,7 +99,7 @@ def export(runs: Iterable[str | os.PathLike | Trajectory], out: str | os.PathLik
     except OSError as exc:
         raise TrajscopeError(f"Cannot export to '{out}': {exc.strerror or exc}.") from None
     for run in tqdm(_run_dirs(runs), desc="export", unit="run", disable=not progress):
-        meta = run.meta if isinstance(run, Trajectory) else json.loads((run / "meta.json").read_text())
+        meta = run.meta if isinstance(run, Trajectory) else _meta(run)
         keys = {"model": meta["model"]["model_id"], "run_id": meta["run_id"], "family": meta["model"]["family"]}
         sub = "/".join(f"{k}={_safe(str(keys[k]))}" for k in partition_by)
         for table in tables:

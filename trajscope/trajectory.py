@@ -165,6 +165,7 @@ class Trajectory:
             if path.exists():
                 old = path.with_name(f".{path.name}.old-{os.getpid()}")
                 path.rename(old)
+            _honour_umask(tmp)
             tmp.rename(path)
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
@@ -237,6 +238,15 @@ class Trajectory:
             tables["tokens"] = upgrade_tokens_v1(tables["tokens"], int(meta["prompt_len"]))
             meta["schema_version"] = SCHEMA_VERSION
         return cls(meta=meta, tensors=tensors, **tables)
+
+
+def _honour_umask(directory: pathlib.Path) -> None:
+    """Give a finished run directory the permissions of ordinary new files (mkdtemp makes it 0700)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    directory.chmod(0o777 & ~mask)
+    for f in directory.iterdir():
+        f.chmod(0o666 & ~mask)
 
 
 def upgrade_tokens_v1(tokens: pl.DataFrame, prompt_len: int) -> pl.DataFrame:
