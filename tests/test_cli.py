@@ -148,7 +148,10 @@ def test_quiet_silences_weight_loading(tmp_path):
 
     cmd = [sys.executable, "-m", "trajscope.cli", "capture", "--prompt", "x", "--max-new-tokens", "1",
            "--out", str(tmp_path)]
-    loud = subprocess.run(cmd, capture_output=True, text=True)
-    quiet = subprocess.run(cmd + ["--quiet"], capture_output=True, text=True)
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")}
+    loud = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    quiet = subprocess.run(cmd + ["--quiet"], capture_output=True, text=True, env=env)
     assert loud.returncode == quiet.returncode == 0
     assert "Loading weights" in loud.stderr and "Loading weights" not in quiet.stderr

@@ -13,7 +13,7 @@ from scipy.spatial import distance
 
 import trajscope as ts
 from trajscope.metrics.bands import depth_band_expr
-from trajscope.metrics.residual_drift import drift_by_group, drift_table, gaussian_kl
+from trajscope.metrics.profile_drift import profile_drift_by_group, profile_drift_table, gaussian_kl
 from trajscope.profile import DriftProbe, ReferenceProfile, profile_from_residuals
 from trajscope.profile_build import build_profile
 
@@ -47,7 +47,7 @@ def test_profile_moments_match_numpy(tiny_models, profile):
 def test_drift_statistics_match_scipy(tiny_models, profile):
     traj = ts.capture(tiny_models["llama"], "def f(x):\n    return x", max_new_tokens=8, stop_at_eos=False,
                       residual_layers="all")
-    table = drift_table(traj, profile).filter(pl.col("layer") == 1).sort("pos")
+    table = profile_drift_table(traj, profile).filter(pl.col("layer") == 1).sort("pos")
     x = traj.residual(1).double().numpy()
     mu, var = profile.mean[1].numpy(), profile.var[1].numpy()
     VI = np.diag(1.0 / var)
@@ -121,10 +121,10 @@ def test_profile_round_trip_and_errors(tmp_path, tiny_models, profile):
 def test_drift_by_group_bands(tiny_models, profile):
     trajs = [ts.capture(tiny_models["llama"], p, max_new_tokens=12, stop_at_eos=False, residual_layers="all")
              for p in random_prompts(3, seed=5)]
-    g = drift_by_group(trajs, profile)
+    g = profile_drift_by_group(trajs, profile)
     assert g["depth_band"].unique(maintain_order=True).to_list() == ["prefill", "1-4", "5-16"]
     assert g.filter(pl.col("depth_band") == "1-4")["kl_sum"].null_count() == 0  # 12 positions
-    few = drift_by_group(trajs[:1], profile)
+    few = profile_drift_by_group(trajs[:1], profile)
     assert few.filter(pl.col("depth_band") == "1-4")["kl_sum"].null_count() == 2  # 4 positions < 8: no KL
     assert g.filter(pl.col("depth_band") == "prefill")["kl_sum"].null_count() == 0
     steps = pl.DataFrame({"step": [0, 1, 4, 5, 16, 17, 64, 65, 256, 257]})

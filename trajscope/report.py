@@ -169,12 +169,12 @@ class Comparison:
         if feats:
             out["features"] = pl.concat(feats, how="diagonal_relaxed")
         if self.profile is not None:
-            from trajscope.metrics.residual_drift import drift_by_group
+            from trajscope.metrics.profile_drift import profile_drift_by_group
 
             scored = [Trajectory.load(path) if path else t for t, path in zip(self.runs, self.paths)
                       if any(k.startswith("residual.") for k in (t.meta.get("tensors") or t.tensors))]
             if scored:
-                out["drift_by_depth"] = drift_by_group(scored, self.profile, by="depth_band")
+                out["drift_by_depth"] = profile_drift_by_group(scored, self.profile, by="depth_band")
         steered = [t for t in self.runs if t.meta.get("steering")]
         if steered:
             out["steering_tokens"] = pl.concat([

@@ -3,8 +3,9 @@
 import polars as pl
 import pytest
 
-from trajscope.metrics.attention import jaccard, region_jumps, step_queries, step_telemetry
-from trajscope.metrics.drift import position_drift
+from trajscope.metrics.attention import region_jumps, step_queries, step_telemetry
+from trajscope.metrics.overlap import jaccard
+from trajscope.metrics.position_zscore import position_zscore
 
 
 def table(tops: dict[tuple[int, int], list[list[int]]], P: int = 3) -> pl.DataFrame:
@@ -24,10 +25,12 @@ def table(tops: dict[tuple[int, int], list[list[int]]], P: int = 3) -> pl.DataFr
                                                 "head": pl.Int16, "top_pos": pl.List(pl.Int32)})
 
 
-def test_jaccard():
+def test_one_jaccard():
+    """Phase jumps (Polars list ops) agree with the one set Jaccard of metrics.overlap."""
+    from trajscope.metrics import attention as am
+
+    assert not hasattr(am, "jaccard")
     assert jaccard([1, 2, 3], [2, 3, 4]) == pytest.approx(2 / 4)
-    assert jaccard([], []) == 1.0
-    assert jaccard(None, [1]) is None
 
 
 def test_step_queries_uses_last_prompt_row():
@@ -66,7 +69,7 @@ def test_position_drift_is_zscore_against_prefill():
     acts = pl.DataFrame({"pos": [0, 1, 2, 3, 0, 1, 2, 3], "layer": [0] * 4 + [1] * 4,
                          "phase": ["prefill", "prefill", "prefill", "decode"] * 2,
                          "norm": [1.0, 2.0, 3.0, 6.0, 10.0, 10.0, 10.0, 11.0]})
-    d0 = position_drift(acts, layer=0)
+    d0 = position_zscore(acts, layer=0)
     assert d0["drift"].to_list() == pytest.approx([-1.0, 0.0, 1.0, 4.0])  # mean 2, std 1
-    d1 = position_drift(acts, layer=1)  # zero spread in prefill -> undefined
+    d1 = position_zscore(acts, layer=1)  # zero spread in prefill -> undefined
     assert d1["drift"].to_list() == [None] * 4

@@ -57,14 +57,14 @@ def test_bands():
     assert ev.entropy_band(None) is None
 
 
-def test_drift_table_groups_and_side_by_side():
+def test_reconstruction_table_groups_and_side_by_side():
     rows = pl.DataFrame({"phase": ["prefill", "prefill", "decode", "decode"], "step": [0, 0, 1, 8],
                          "entropy": [0.1, 2.0, 0.2, 4.0]}).with_columns(
         pl.col("step").map_elements(ev.depth_band, return_dtype=pl.String).alias("depth_band"),
         pl.col("entropy").map_elements(ev.entropy_band, return_dtype=pl.String).alias("entropy_band"))
     x, xh, f = torch.tensor(X), torch.tensor(X_HAT), torch.tensor(F)
     splice = pl.DataFrame({"kl": [0.1, 0.3, 0.5, None], "ce_increase": [0.0, 0.2, 1.0, None]})
-    t = ev.drift_table(rows, x, {"a": (xh, f), "b": (x.clone(), f)}, {"a": splice})
+    t = ev.reconstruction_table(rows, x, {"a": (xh, f), "b": (x.clone(), f)}, {"a": splice})
     pre = t.filter((pl.col("sae") == "a") & (pl.col("group") == "prefill")).row(0, named=True)
     want = ev.reconstruction_stats(x[:2], xh[:2], f[:2])
     assert pre["n"] == 2 and pre["fvu"] == pytest.approx(want["fvu"]) and pre["kl"] == pytest.approx(0.2)
@@ -84,7 +84,7 @@ def test_source_groups_split_greedy_and_sampled_decode_rows():
                          "source": ["greedy", "greedy", "sample-0", "sample-0"],
                          "depth_band": ["prefill", "1-4", "1-4", "1-4"], "entropy_band": ["3+"] * 4})
     x = torch.tensor(X)
-    t = ev.drift_table(rows, x, {"a": (torch.tensor(X_HAT), torch.tensor(F))})
+    t = ev.reconstruction_table(rows, x, {"a": (torch.tensor(X_HAT), torch.tensor(F))})
     src = t.filter(pl.col("kind") == "source")
     assert src["group"].to_list() == ["decode greedy", "decode sample-0"] and src["n"].to_list() == [1, 2]
 
@@ -92,6 +92,6 @@ def test_source_groups_split_greedy_and_sampled_decode_rows():
 def test_position_control_groups():
     rows = pl.DataFrame({"phase": ["prefill"] * 3 + ["decode"], "step": [0, 0, 0, 1], "pos": [0, 15, 16, 17],
                          "depth_band": ["prefill"] * 3 + ["1-4"], "entropy_band": ["3+"] * 4})
-    t = ev.drift_table(rows, torch.tensor(X), {"a": (torch.tensor(X_HAT), torch.tensor(F))})
+    t = ev.reconstruction_table(rows, torch.tensor(X), {"a": (torch.tensor(X_HAT), torch.tensor(F))})
     pos = t.filter(pl.col("kind") == "position")
     assert pos["group"].to_list() == ["prefill pos<16", "prefill pos>=16"] and pos["n"].to_list() == [2, 1]

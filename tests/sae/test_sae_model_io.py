@@ -174,3 +174,20 @@ def test_sae_features_for_capture_match_full_encode():
     x_hat = sae(x).detach()
     torch.testing.assert_close(out["sq_err"], ((x - x_hat) ** 2).sum(-1))
     torch.testing.assert_close(out["sq_norm"], (x ** 2).sum(-1))
+
+
+def test_decode_uses_its_own_inputs_statistics_not_the_last_encode():
+    """constant_norm_rescale: decoding x's code after encoding another input must still undo x's scale."""
+    from trajscope.errors import TrajscopeError
+    from trajscope.sae.model import SAE, SAEConfig
+
+    sae = SAE(SAEConfig(architecture="topk", d_in=16, d_sae=64, k=8, normalize_activations="constant_norm_rescale"),
+              seed=0)
+    g = torch.Generator().manual_seed(0)
+    x, other = torch.randn(3, 16, generator=g), 50 * torch.randn(3, 16, generator=g)
+    x_hat, f = sae.reconstruct(x)
+    sae.encode(other)  # the old code kept this input's scale and decoded x with it
+    torch.testing.assert_close(sae.decode(f, stats=sae.input_stats(x)), x_hat)
+    torch.testing.assert_close(sae(x), x_hat)
+    with pytest.raises(TrajscopeError, match="statistics"):
+        sae.decode(f)

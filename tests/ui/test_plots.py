@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from trajscope.metrics.attention import step_queries, step_telemetry
-from trajscope.metrics.drift import position_drift
+from trajscope.metrics.position_zscore import position_zscore
 from trajscope.ui import plots
 
 
@@ -37,7 +37,7 @@ def test_token_metric_values(short_run):
     ent = plots.token_metric_values(t, "entropy")
     assert ent["value"].to_list()[:3] == pytest.approx(t["entropy"].to_list()[:3])
     assert ent["value"][-1] is None
-    drift = plots.token_metric_values(t, "drift", position_drift(short_run.activations, 0))
+    drift = plots.token_metric_values(t, "drift", position_zscore(short_run.activations, 0))
     assert drift["value"].null_count() <= 1 and len(drift) == len(t)
 
 

@@ -42,7 +42,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from trajscope.capture import CaptureConfig, capture
-    from trajscope.metrics.residual_drift import drift_by_group, drift_table
+    from trajscope.metrics.profile_drift import profile_drift_by_group, profile_drift_table
     from trajscope.prompts import read_prompts
     from trajscope.profile import ReferenceProfile
     from trajscope.profile_build import build_profile
@@ -59,9 +59,9 @@ def cmd_drift(args: argparse.Namespace) -> int:
                         seed=args.seed, stop_at_eos=not args.no_eos)
     for prompt in tqdm(prompts, desc="decode", unit="prompt", disable=args.quiet):
         trajs.append(capture(model, prompt, cfg))
-    positions = pl.concat([drift_table(t, prof) for t in trajs])
-    by_depth = drift_by_group(trajs, prof, by="depth_band")
-    by_entropy = drift_by_group(trajs, prof, by="entropy_band")
+    positions = pl.concat([profile_drift_table(t, prof) for t in trajs])
+    by_depth = profile_drift_by_group(trajs, prof, by="depth_band")
+    by_entropy = profile_drift_by_group(trajs, prof, by="entropy_band")
     try:
         out.mkdir(parents=True, exist_ok=True)
         positions.write_parquet(out / "positions.parquet")

@@ -127,7 +127,6 @@ def capture_config(args: argparse.Namespace, **overrides: Any):
 def quiet_loading(quiet: bool) -> None:
     """Silence the weight-loading progress bars of transformers and the hub."""
     if quiet:
-        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()

@@ -119,7 +119,7 @@ def cmd_sae_drift(args: argparse.Namespace) -> int:
 
     from trajscope.metrics.sae_eval import side_by_side
     from trajscope.sae.model import SAE
-    from trajscope.sae.drift import drift_report
+    from trajscope.sae.reconstruction import reconstruction_report
     from trajscope.sae.harvest import Harvest
 
     opt.threads(args.threads)
@@ -136,7 +136,7 @@ def cmd_sae_drift(args: argparse.Namespace) -> int:
         if done == total:
             bar.close()
 
-    table, overlap = drift_report(h, saes, model=model, overlap_k=args.overlap_k, progress=progress)
+    table, overlap = reconstruction_report(h, saes, model=model, overlap_k=args.overlap_k, progress=progress)
     wide = side_by_side(table, args.metrics.split(","))
     out = opt.out_dir(args.out)
     table.write_parquet(out / "sae_drift.parquet")

@@ -30,24 +30,14 @@ def step_queries(attention: pl.DataFrame) -> pl.DataFrame:
     """One query row per step × layer × head: the last prompt query for step 0, the decode query otherwise.
 
     Args:
-        attention: the ``attention`` table (columns step, pos, layer, head, …).
+        attention: the ``attention`` table (columns step, pos, layer, head, …), eager or lazy.
     Returns:
-        The same columns, ``n_steps × n_layers × n_heads`` rows, sorted by layer, head, step.
+        The same columns, ``n_steps × n_layers × n_heads`` rows, sorted by layer, head, step
+        (a LazyFrame for a lazy input).
     """
-    if attention.is_empty():
-        return attention
-    last0 = attention.filter(pl.col("step") == 0)["pos"].max()
+    last0 = pl.col("pos").filter(pl.col("step") == 0).max()
     keep = (pl.col("step") > 0) | (pl.col("pos") == last0)
     return attention.filter(keep).sort("layer", "head", "step")
-
-
-def jaccard(a: list[int] | None, b: list[int] | None) -> float | None:
-    """Jaccard similarity |a ∩ b| / |a ∪ b| of two position sets (None when either is missing)."""
-    if a is None or b is None:
-        return None
-    sa, sb = set(a), set(b)
-    union = sa | sb
-    return len(sa & sb) / len(union) if union else 1.0
 
 
 def region_jumps(attention: pl.DataFrame, threshold: float = JUMP_THRESHOLD) -> pl.DataFrame:

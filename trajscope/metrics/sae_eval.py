@@ -102,7 +102,7 @@ def report_groups(rows: pl.DataFrame, steps: Sequence[int] = DEPTH_STEPS) -> lis
     return groups
 
 
-def drift_table(rows: pl.DataFrame, x: torch.Tensor, recons: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+def reconstruction_table(rows: pl.DataFrame, x: torch.Tensor, recons: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
                 splice: Mapping[str, pl.DataFrame] | None = None, steps: Sequence[int] = DEPTH_STEPS) -> pl.DataFrame:
     """Reconstruction metrics of several SAEs on the same rows, grouped by depth and entropy.
 
@@ -142,7 +142,7 @@ def _mean(s: pl.Series) -> float:
 
 def side_by_side(table: pl.DataFrame, metrics: Sequence[str] = ("fvu", "fvu_uncentred", "cos", "l0", "kl", "ce_increase")
                  ) -> pl.DataFrame:
-    """Pivot :func:`drift_table` so each SAE's metrics sit in adjacent columns (``{metric}[{sae}]``)."""
+    """Pivot :func:`reconstruction_table` so each SAE's metrics sit in adjacent columns (``{metric}[{sae}]``)."""
     metrics = [m for m in metrics if m in table.columns]
     saes = table["sae"].unique(maintain_order=True).to_list()
     base = table.filter(pl.col("sae") == saes[0]).select("kind", "group", "n")

@@ -86,11 +86,29 @@ class SAE(nn.Module):
             raise TrajscopeError(f"This SAE was trained on layer {self.cfg.layer} ({self.cfg.hook_name}), "
                                  f"not layer {layer}.")
 
-    def pre_acts(self, x: torch.Tensor) -> torch.Tensor:
-        """Pre-activations ``h = x' W_enc + b_enc``: ``[..., d_in] → [..., d_sae]``."""
+    def input_stats(self, x: torch.Tensor) -> Any:
+        """The per-input normalisation statistics of ``x`` that :meth:`decode` needs to undo
+        ``normalize_activations`` (``constant_norm_rescale``: the scale ``[..., 1]``; ``layer_norm``:
+        ``(mean, std)``); None for SAEs that do not normalise each input."""
+        mode = self.cfg.normalize_activations
+        x = x.to(self.W_enc.dtype)
+        if mode == "constant_norm_rescale":
+            return (self.cfg.d_in ** 0.5) / x.norm(dim=-1, keepdim=True)
+        if mode == "layer_norm":
+            mu = x.mean(dim=-1, keepdim=True)
+            return mu, (x - mu).std(dim=-1, keepdim=True)
+        return None
+
+    def pre_acts(self, x: torch.Tensor, stats: Any = None) -> torch.Tensor:
+        """Pre-activations ``h = x' W_enc + b_enc``: ``[..., d_in] → [..., d_sae]`` (``stats``: :meth:`input_stats`)."""
         self.check_input(x)
         x = x.to(self.W_enc.dtype)
-        x = self._norm_in(x)
+        stats = self.input_stats(x) if stats is None else stats
+        mode = self.cfg.normalize_activations
+        if mode == "constant_norm_rescale":
+            x = x * stats
+        elif mode == "layer_norm":
+            x = (x - stats[0]) / (stats[1] + 1e-5)
         x = x - self.b_dec * float(self.cfg.apply_b_dec_to_input)
         h = x @ self.W_enc + self.b_enc
         if self.cfg.architecture == "topk" and self.cfg.rescale_acts_by_decoder_norm:
@@ -108,40 +126,38 @@ class SAE(nn.Module):
         """Feature activations: ``[..., d_in] → [..., d_sae]`` (non-negative, sparse)."""
         return self.activate(self.pre_acts(x))
 
-    def decode(self, f: torch.Tensor) -> torch.Tensor:
-        """Reconstruction: ``[..., d_sae] → [..., d_in]``."""
+    def decode(self, f: torch.Tensor, stats: Any = None) -> torch.Tensor:
+        """Reconstruction: ``[..., d_sae] → [..., d_in]``.
+
+        For SAEs that normalise each input, pass the :meth:`input_stats` of the input that was
+        encoded (or use :meth:`reconstruct`): the statistics belong to that input, never to
+        whatever was encoded last.
+        """
         if f.shape[-1] != self.cfg.d_sae:
             raise TrajscopeError(f"This SAE has {self.cfg.d_sae} features but got a {f.shape[-1]}-wide code.")
+        mode = self.cfg.normalize_activations
+        if stats is None and mode in ("constant_norm_rescale", "layer_norm"):
+            raise TrajscopeError(f"This SAE normalises each input ({mode}), so decoding needs that input's "
+                                 "statistics: use sae.reconstruct(x), or decode(f, stats=sae.input_stats(x)).")
         f = f.to(self.W_dec.dtype)
         if self.cfg.architecture == "topk" and self.cfg.rescale_acts_by_decoder_norm:
             f = f / self.W_dec.norm(dim=-1)
-        return self._norm_out(f @ self.W_dec + self.b_dec)
+        x = f @ self.W_dec + self.b_dec
+        if mode == "constant_norm_rescale":
+            return x / stats
+        if mode == "layer_norm":
+            return x * stats[1] + stats[0]
+        return x
+
+    def reconstruct(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x̂, f)`` of ``x [..., d_in]``: the one encode-then-decode, with ``x``'s own statistics."""
+        stats = self.input_stats(x)
+        f = self.activate(self.pre_acts(x, stats))
+        return self.decode(f, stats), f
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Reconstruction ``x̂ = decode(encode(x))``: ``[..., d_in] → [..., d_in]``."""
-        return self.decode(self.encode(x))
-
-    # -- normalisation (per call; the statistics of the input undo the output) -----------
-    def _norm_in(self, x: torch.Tensor) -> torch.Tensor:
-        mode = self.cfg.normalize_activations
-        if mode == "constant_norm_rescale":
-            self._coeff = (self.cfg.d_in ** 0.5) / x.norm(dim=-1, keepdim=True)
-            return x * self._coeff
-        if mode == "layer_norm":
-            mu = x.mean(dim=-1, keepdim=True)
-            std = (x - mu).std(dim=-1, keepdim=True)
-            self._ln = (mu, std)
-            return (x - mu) / (std + 1e-5)
-        return x
-
-    def _norm_out(self, x: torch.Tensor) -> torch.Tensor:
-        mode = self.cfg.normalize_activations
-        if mode == "constant_norm_rescale" and hasattr(self, "_coeff"):
-            return x / self._coeff
-        if mode == "layer_norm" and hasattr(self, "_ln"):
-            mu, std = self._ln
-            return x * std + mu
-        return x
+        return self.reconstruct(x)[0]
 
     @torch.no_grad()
     def fold_scale(self, scale: float) -> None:
@@ -173,8 +189,7 @@ def sae_features(sae: SAE, resid: torch.Tensor, k: int) -> dict[str, torch.Tenso
         ``sq_norm`` ``[q]`` ‖x‖², ``cos`` ``[q]`` cosine(x, x̂).
     """
     x = resid.to(sae.W_enc.dtype)
-    f = sae.encode(x)
-    x_hat = sae.decode(f)
+    x_hat, f = sae.reconstruct(x)
     kk = min(int(k), f.shape[-1])
     value, feature = torch.topk(f, kk, dim=-1, sorted=True)
     err = x - x_hat

@@ -29,7 +29,7 @@ def drift_heatmap(drift: pl.DataFrame, prompt_len: int) -> hv.Overlay:
     """Layer × position heatmap of the drift score.
 
     Args:
-        drift: :func:`trajscope.metrics.residual_drift.drift_table` rows (pos, layer, score).
+        drift: :func:`trajscope.metrics.profile_drift.profile_drift_table` rows (pos, layer, score).
         prompt_len: P (a dashed line marks where decode starts).
     """
     hm = hv.HeatMap(drift.select(pl.col("pos"), pl.col("layer").cast(pl.Int32), "score").to_pandas(),

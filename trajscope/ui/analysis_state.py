@@ -39,14 +39,14 @@ class DriftSettings(param.Parameterized):
     """Which profile drift is measured against, and the drift of the current run."""
 
     profile_path = param.String(default=str(SAMPLE_PROFILE), doc="Prefill reference profile (.safetensors) built with `trajscope profile`.")
-    drift = param.ClassSelector(class_=pl.DataFrame, allow_None=True, doc="drift_table of the run on screen (None when it cannot be computed).")
+    drift = param.ClassSelector(class_=pl.DataFrame, allow_None=True, doc="profile_drift_table of the run on screen (None when it cannot be computed).")
     message = param.String(default="", doc="Why drift is not shown, when it is not.")
     thresholds = param.Dict(default={}, doc="Calibrated drift threshold per layer, from the profile.")
     fpr = param.Number(default=None, allow_None=True, doc="False-positive rate the thresholds were calibrated to.")
 
     def compute(self, traj: Trajectory | None) -> None:
         """Fill ``drift`` (or ``message``) for ``traj``."""
-        from trajscope.metrics.residual_drift import drift_table
+        from trajscope.metrics.profile_drift import profile_drift_table
         from trajscope.profile import ReferenceProfile
 
         self.drift, self.message = None, ""
@@ -68,7 +68,7 @@ class DriftSettings(param.Parameterized):
             prof.check_model(n_layers, traj.meta["model"]["d_model"], traj.meta["model"]["model_id"])
             self.thresholds = {i: float(t) for i, t in enumerate(prof.threshold.tolist())}
             self.fpr = prof.info.get("fpr")
-            self.drift = drift_table(traj, prof, layers=sorted(kept))
+            self.drift = profile_drift_table(traj, prof, layers=sorted(kept))
         except TrajscopeError as exc:
             self.message = str(exc)
 

@@ -48,7 +48,7 @@ def token_metric_values(tokens: pl.DataFrame, metric: str, drift: pl.DataFrame |
     Args:
         tokens: the ``tokens`` table.
         metric: a numeric column of ``tokens`` (``entropy``, ``logprob``, or any added per-token column),
-            or ``"drift"`` (then ``drift`` must be the frame of :func:`trajscope.metrics.drift.position_drift`).
+            or ``"drift"`` (then ``drift`` must be the frame of :func:`trajscope.metrics.position_zscore.position_zscore`).
     Returns:
         ``pos, value`` (Float64, null where undefined), one row per token.
     """

@@ -38,8 +38,7 @@ def encode_run(traj, sae, k: int = 16) -> dict:
     x = traj.residual(layer).float()
     sae.check_input(x, layer)
     with torch.no_grad():
-        f = sae.encode(x)
-        x_hat = sae.decode(f)
+        x_hat, f = sae.reconstruct(x)
     rel = ((x - x_hat).pow(2).sum(-1) / x.pow(2).sum(-1).clamp_min(1e-12)).numpy()
     val, idx = torch.topk(f, min(k, f.shape[1]), dim=-1)
     n = f.shape[0]

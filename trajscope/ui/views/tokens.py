@@ -12,7 +12,7 @@ import holoviews as hv
 import panel as pn
 import polars as pl
 
-from trajscope.metrics.drift import position_drift
+from trajscope.metrics.position_zscore import position_zscore
 from trajscope.ui import plots
 from trajscope.ui.state import TOKEN_METRICS
 from trajscope.ui.views._base import StateView
@@ -41,7 +41,7 @@ class TokenStrip(StateView):
         traj = st.trajectory
         if traj is None:
             return hv.Overlay([hv.Text(0, 0, "No run yet")]).opts(height=120, responsive=True, xaxis=None, yaxis=None)
-        drift = position_drift(traj.activations, layer) if metric == "drift" else None
+        drift = position_zscore(traj.activations, layer) if metric == "drift" else None
         values = plots.token_metric_values(traj.tokens, metric, drift)
         layout = plots.token_layout(traj.tokens, values)
         self.layout_df = layout

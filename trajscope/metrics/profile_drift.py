@@ -1,6 +1,6 @@
 """Residual drift of decode positions against a prefill :class:`~trajscope.profile.ReferenceProfile`.
 
-Per position and layer (:func:`drift_table`):
+Per position and layer (:func:`profile_drift_table`):
 
 - ``score``: diagonal Mahalanobis distance to the prefill mean ÷ √d (≈ 1 in
   distribution), ``flagged`` when above the profile's calibrated threshold;
@@ -9,7 +9,7 @@ Per position and layer (:func:`drift_table`):
 - ``kurtosis``: excess kurtosis across dimensions; ``outlier_rate``: share of |x| > 6;
 - ``cosine_centroid``: cosine similarity to the prefill mean vector.
 
-Per group of positions (:func:`drift_by_group`: decode-depth band or
+Per group of positions (:func:`profile_drift_by_group`: decode-depth band or
 next-token-entropy band, as :mod:`trajscope.metrics.bands` defines them) and layer: the means of those, the flagged fraction,
 and the **per-dimension Gaussian KL** KL(N(μ_g, σ_g²) ‖ N(μ_ref, σ_ref²)) summed
 over dimensions plus its top dimensions. That KL fits each dimension separately:
@@ -28,7 +28,7 @@ from trajscope.metrics.bands import DEPTH_ORDER, ENTROPY_ORDER, depth_band_expr,
 from trajscope.profile import SCALAR_STATS, ReferenceProfile, position_stats
 
 
-def drift_table(traj, profile: ReferenceProfile, layers: Sequence[int] | None = None) -> pl.DataFrame:
+def profile_drift_table(traj, profile: ReferenceProfile, layers: Sequence[int] | None = None) -> pl.DataFrame:
     """Drift of every computed position at each layer.
 
     Args:
@@ -71,7 +71,7 @@ def gaussian_kl(mu_g: torch.Tensor, var_g: torch.Tensor, mu_r: torch.Tensor, var
     return 0.5 * (torch.log(var_r / var_g) + (var_g + (mu_g - mu_r).pow(2)) / var_r - 1.0)
 
 
-def drift_by_group(trajs: Sequence, profile: ReferenceProfile, by: str = "depth_band", top_dims: int = 5,
+def profile_drift_by_group(trajs: Sequence, profile: ReferenceProfile, by: str = "depth_band", top_dims: int = 5,
                    skip_first: bool = True, min_kl_positions: int = 8) -> pl.DataFrame:
     """Drift summarised per group (``depth_band`` or ``entropy_band``) × layer over many runs.
 
@@ -89,7 +89,7 @@ def drift_by_group(trajs: Sequence, profile: ReferenceProfile, by: str = "depth_
     """
     tables, vectors = [], {}
     for traj in trajs:
-        t = drift_table(traj, profile)
+        t = profile_drift_table(traj, profile)
         if skip_first:
             t = t.filter(pl.col("pos") > 0)
         t = t.filter(pl.col(by).is_not_null())

@@ -1,6 +1,6 @@
 """The prefill→decode SAE drift report: reconstruction and feature overlap, several SAEs side by side.
 
-:func:`drift_report` encodes a harvest (usually the ``eval`` prompts, never seen
+:func:`reconstruction_report` encodes a harvest (usually the ``eval`` prompts, never seen
 in SAE training) with each SAE, computes the spliced-in KL / CE increase per row
 (:mod:`trajscope.sae.splice`), and hands the tensors to the pure metric
 functions of :mod:`trajscope.metrics.sae_eval` (reconstruction by depth and
@@ -27,13 +27,13 @@ def encode_all(sae: SAE, acts: torch.Tensor, batch: int = 4096) -> tuple[torch.T
     """``(x_hat [N, d], f [N, d_sae])`` for ``acts [N, d]``, in batches."""
     xs, fs = [], []
     for i in range(0, acts.shape[0], batch):
-        f = sae.encode(acts[i:i + batch])
+        x_hat, f = sae.reconstruct(acts[i:i + batch])
         fs.append(f)
-        xs.append(sae.decode(f))
+        xs.append(x_hat)
     return torch.cat(xs), torch.cat(fs)
 
 
-def drift_report(harvest: Harvest, saes: Mapping[str, SAE], *, model: Any = None, overlap_k: int = 64,
+def reconstruction_report(harvest: Harvest, saes: Mapping[str, SAE], *, model: Any = None, overlap_k: int = 64,
                  min_count: int = 5, progress: Callable[[str, int, int], None] | None = None
                  ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Reconstruction drift and feature overlap of several SAEs on one harvest.
@@ -47,7 +47,7 @@ def drift_report(harvest: Harvest, saes: Mapping[str, SAE], *, model: Any = None
         progress: optional ``(sae name, done, total)`` callback during splicing.
 
     Returns:
-        ``(reconstruction, overlap)``: the long frame of :func:`trajscope.metrics.sae_eval.drift_table`
+        ``(reconstruction, overlap)``: the long frame of :func:`trajscope.metrics.sae_eval.reconstruction_table`
         and one row per (SAE, decode group) of :func:`trajscope.metrics.overlap.overlap_summary`.
     """
     recons, splices, overlaps = {}, {}, []
@@ -67,5 +67,5 @@ def drift_report(harvest: Harvest, saes: Mapping[str, SAE], *, model: Any = None
             m = torch.from_numpy(mask.fill_null(False).to_numpy())
             overlaps.append({"sae": name, "decode_group": label,
                              **ov.overlap_summary(f[pre_mask], f[m], k=overlap_k, min_count=min_count)})
-    table = ev.drift_table(rows, harvest.acts, recons, splices or None)
+    table = ev.reconstruction_table(rows, harvest.acts, recons, splices or None)
     return table, pl.DataFrame(overlaps)

@@ -1,4 +1,4 @@
-"""Activation drift by position: how far a token's residual statistics sit from the prefill profile.
+"""Same-run z-score by position: how far a token's residual statistic sits from the run's own prefill.
 
 For one layer, the reference profile is the mean and standard deviation of a
 statistic (default: the residual L2 ``norm`` from the ``activations`` table)
@@ -12,7 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 
-def position_drift(activations: pl.DataFrame, layer: int | None = None, stat: str = "norm") -> pl.DataFrame:
+def position_zscore(activations: pl.DataFrame, layer: int | None = None, stat: str = "norm") -> pl.DataFrame:
     """z-score of ``stat`` at every position against the prefill positions of the same layer.
 
     Args:
