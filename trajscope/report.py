@@ -28,7 +28,11 @@ from typing import Sequence
 
 import polars as pl
 
+from trajscope import positions
 from trajscope.errors import TrajscopeError
+from trajscope.metrics.attention import TELEMETRY_FIELDS, step_telemetry
+from trajscope.metrics.next_token import step_outputs
+from trajscope.metrics.position_zscore import position_zscore
 from trajscope.trajectory import Trajectory, parquet_metadata
 
 MAX_ALIGNED_STEPS = 300
@@ -57,56 +61,58 @@ def overview_table(runs: Sequence[Trajectory]) -> pl.DataFrame:
 
 
 def aligned_tokens(runs: Sequence[Trajectory]) -> pl.DataFrame:
-    """Generated tokens aligned by the step that produced them: ``step`` then one text column per run.
+    """Generated tokens aligned by the step that produced them: ``produced_at_step`` then one text column per run.
 
-    The token at ``pos = P + s`` is produced by step s (0 = the prefill pass).
+    The token at ``pos = P + s`` is produced by step s (0 = the prefill pass); see :mod:`trajscope.positions`.
     """
     frames = []
     for i, t in enumerate(runs):
-        frames.append(t.tokens.filter(pl.col("phase") == "decode")
-                      .select((pl.col("pos") - t.prompt_len).alias("step"), pl.col("text").alias(_label(t, i))))
+        frames.append(t.tokens.filter(pl.col("phase") == "decode").select(
+            positions.produced_at_step_expr(t.prompt_len), pl.col("text").alias(_label(t, i))))
     out = frames[0]
     for f in frames[1:]:
-        out = out.join(f, on="step", how="full", coalesce=True)
-    return out.sort("step")
+        out = out.join(f, on="produced_at_step", how="full", coalesce=True)
+    return out.sort("produced_at_step")
 
 
 def telemetry_by_step(runs: Sequence[Trajectory]) -> pl.DataFrame:
-    """Per run and step: attention means over layers and heads at the step's last query.
+    """Per run and step: :func:`trajscope.metrics.attention.step_telemetry` (mean over layers and heads at
+    the step's query) — the numbers the app's telemetry card shows.
 
     Works on eager tables and on lazy scans (``Trajectory.load(path, lazy=True)``) alike; each run
-    is reduced by Polars' streaming engine before the next is read.
+    is reduced before the next is read.
     """
     parts = []
     for t in runs:
-        att = t.attention.lazy().select("step", "pos", "entropy_norm", "prefix_mass", "generated_mass", "sink_mass")
-        last = att.group_by("step").agg(pl.col("pos").max().alias("_q"))
-        a = att.join(last, on="step").filter(pl.col("pos") == pl.col("_q"))
-        parts.append(a.group_by("step").agg(pl.col("entropy_norm", "prefix_mass", "generated_mass", "sink_mass").mean())
-                     .with_columns(pl.lit(t.run_id).alias("run_id")).collect(engine="streaming"))
-    return pl.concat(parts).sort("run_id", "step")
+        att = t.attention.lazy().select("step", "pos", "layer", "head", "top_pos", *TELEMETRY_FIELDS)
+        tele = step_telemetry(att)
+        tele = tele.collect(engine="streaming") if isinstance(tele, pl.LazyFrame) else tele
+        parts.append(tele.with_columns(pl.lit(t.run_id).alias("run_id")))
+    return pl.concat(parts, how="diagonal_relaxed").sort("run_id", "step")
 
 
 def residual_by_step(runs: Sequence[Trajectory]) -> pl.DataFrame:
-    """Per run and step: mean over layers of residual norm and kurtosis, ÷ the run's prefill mean."""
+    """Per run and decode step: :func:`trajscope.metrics.position_zscore.position_zscore` of the residual norm
+    and excess kurtosis at the step's query position, mean over layers — the token strip's "drift" colouring."""
     parts = []
     for t in runs:
-        act = t.activations.lazy().select("pos", "step", "phase", "layer", "norm", "kurtosis", "n_outliers")
-        after0 = pl.col("pos") > 0  # position 0 (attention sink) left out of the reference when there is more
-        ref = act.filter(pl.col("phase") == "prefill").group_by("layer").agg(
-            pl.col("norm").filter(after0).mean().fill_null(pl.col("norm").mean()).alias("_n"),
-            pl.col("kurtosis").filter(after0).mean().fill_null(pl.col("kurtosis").mean()).alias("_k"))
-        r = (act.filter(pl.col("phase") == "decode").join(ref, on="layer")
-             .group_by("step").agg((pl.col("norm") / pl.col("_n")).mean().alias("norm_vs_prefill"),
-                                   (pl.col("kurtosis") - pl.col("_k")).mean().alias("kurtosis_minus_prefill"),
-                                   pl.col("n_outliers").sum().alias("outliers"))
-             .with_columns(pl.lit(t.run_id).alias("run_id")).collect(engine="streaming"))
-        parts.append(r)
+        act = t.activations.lazy().select("pos", "phase", "layer", "norm", "kurtosis").collect(engine="streaming")
+        z = position_zscore(act, None, "norm").rename({"drift": "norm_z"}).join(
+            position_zscore(act, None, "kurtosis").rename({"drift": "kurtosis_z"}), on="pos")
+        parts.append(z.filter(pl.col("pos") >= t.prompt_len).with_columns(
+            positions.query_step_expr(t.prompt_len), pl.lit(t.run_id).alias("run_id")).drop("pos"))
     return pl.concat(parts).sort("run_id", "step")
 
 
+def steering_by_step(runs: Sequence[Trajectory]) -> pl.DataFrame:
+    """Per run and step: :func:`trajscope.metrics.next_token.step_outputs` (entropy and logprob at x = the
+    step that computed them) — the same rows as the app's next-token plot."""
+    return pl.concat([step_outputs(t.tokens, t.prompt_len).with_columns(pl.lit(t.run_id).alias("run_id"))
+                      for t in runs]).select("run_id", "step", "entropy", "logprob", "text")
+
+
 def _curves(df: pl.DataFrame, y: str, title: str, ylabel: str, order: Sequence[str],
-            marks: dict[str, int] | None = None):
+            marks: dict[str, int] | None = None, x: str = "step", xlabel: str = "step (0 = prefill)"):
     """A Bokeh figure: ``y`` by step, one line per run (or mean and 10–90% band beyond MAX_CURVES runs).
 
     The report builds plain Bokeh figures in a document of its own, so writing a report never
@@ -117,23 +123,23 @@ def _curves(df: pl.DataFrame, y: str, title: str, ylabel: str, order: Sequence[s
 
     from bokeh.palettes import Category10_10 as LAYER_COLORS
 
-    fig = figure(width=900, height=260, title=title, x_axis_label="step (0 = prefill)", y_axis_label=ylabel,
+    fig = figure(width=900, height=260, title=title, x_axis_label=xlabel, y_axis_label=ylabel,
                  tools="pan,wheel_zoom,box_zoom,reset,save")
-    fig.add_tools(HoverTool(tooltips=[("step", "@x"), (y, "@y")]))
+    fig.add_tools(HoverTool(tooltips=[(x, "@x{0}"), (y, "@y")]))
     if len(order) > MAX_CURVES:
-        agg = df.group_by("step").agg(pl.col(y).mean().alias("m"), pl.col(y).quantile(0.1).alias("lo"),
-                                      pl.col(y).quantile(0.9).alias("hi")).sort("step")
-        x = agg["step"].to_numpy()
-        fig.varea(x=x, y1=agg["lo"].to_numpy(), y2=agg["hi"].to_numpy(), fill_color="#1f77b4", fill_alpha=0.2,
+        agg = df.group_by(x).agg(pl.col(y).mean().alias("m"), pl.col(y).quantile(0.1).alias("lo"),
+                                 pl.col(y).quantile(0.9).alias("hi")).sort(x)
+        xs = agg[x].to_numpy()
+        fig.varea(x=xs, y1=agg["lo"].to_numpy(), y2=agg["hi"].to_numpy(), fill_color="#1f77b4", fill_alpha=0.2,
                   legend_label="10–90% of runs")
-        fig.line(x=x, y=agg["m"].to_numpy(), color="#1f77b4", legend_label=f"mean of {len(order)} runs")
+        fig.line(x=xs, y=agg["m"].to_numpy(), color="#1f77b4", legend_label=f"mean of {len(order)} runs")
         order = []
     for i, rid in enumerate(order):
-        sub = df.filter(pl.col("run_id") == rid).sort("step")
+        sub = df.filter(pl.col("run_id") == rid).sort(x)
         if sub.is_empty():
             continue
         color = LAYER_COLORS[i % len(LAYER_COLORS)]
-        fig.line(x=sub["step"].to_numpy(), y=sub[y].to_numpy(), color=color, line_width=1.5, legend_label=rid)
+        fig.line(x=sub[x].to_numpy(), y=sub[y].to_numpy(), color=color, line_width=1.5, legend_label=rid)
         if marks and rid in marks:
             fig.add_layout(Span(location=marks[rid], dimension="height", line_color=color, line_dash="dotted"))
     fig.add_layout(fig.legend[0], "right")
@@ -175,12 +181,8 @@ class Comparison:
                       if any(k.startswith("residual.") for k in (t.meta.get("tensors") or t.tensors))]
             if scored:
                 out["drift_by_depth"] = profile_drift_by_group(scored, self.profile, by="depth_band")
-        steered = [t for t in self.runs if t.meta.get("steering")]
-        if steered:
-            out["steering_tokens"] = pl.concat([
-                t.tokens.filter(pl.col("phase") == "decode").select(
-                    "run_id", (pl.col("pos") - t.prompt_len + 1).alias("step"), "entropy", "logprob")
-                for t in self.runs])
+        if any(t.meta.get("steering") for t in self.runs):
+            out["steering_by_step"] = steering_by_step(self.runs)
         return out
 
     def _aligned_html(self, aligned: pl.DataFrame) -> str:
@@ -195,7 +197,33 @@ class Comparison:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
         more = (f"<p>First {MAX_ALIGNED_STEPS} of {aligned.height} steps shown; all are in "
                 "tokens_aligned.parquet.</p>") if aligned.height > MAX_ALIGNED_STEPS else ""
-        return (f"<div class='scroll'><table><tr><th>step</th>{head}</tr>{''.join(rows)}</table></div>{more}")
+        return (f"<div class='scroll'><table><tr><th>produced at step</th>{head}</tr>{''.join(rows)}</table></div>{more}")
+
+    def figures(self, tables: dict[str, pl.DataFrame] | None = None) -> list[tuple[str, object]]:
+        """The report's Bokeh figures as ``(section, figure)`` pairs (built from :meth:`tables`)."""
+        tables = self.tables() if tables is None else tables
+        att, res = tables["attention_by_step"], tables["residual_by_step"]
+        order = [t.run_id for t in self.runs]
+        plots = [
+            ("attention", _curves(att, "entropy_norm", "Attention entropy / log(#keys), mean over layers and heads", "entropy (norm.)", order)),
+            ("attention", _curves(att, "prefix_mass", "Prefix (prompt) mass — share of attention on the prompt", "prefix mass", order)),
+            ("attention", _curves(att, "sink_mass", "Sink mass — attention on position 0", "sink mass", order)),
+            ("residual", _curves(res, "norm_z", "Residual norm, z-score against the run's prefill positions (mean over layers)", "z", order)),
+            ("residual", _curves(res, "kurtosis_z", "Excess kurtosis, z-score against the run's prefill positions (mean over layers)", "z", order)),
+        ]
+        if "steering_by_step" in tables:
+            marks = {t.run_id: min(v["start_step"] for v in t.meta["steering"]) for t in self.runs if t.meta.get("steering")}
+            st = tables["steering_by_step"]
+            plots.append(("steering", _curves(st, "entropy", "Next-token entropy by step (dotted: steering onset)", "nats", order, marks)))
+            plots.append(("steering", _curves(st.drop_nulls("logprob"), "logprob", "Logprob of the token each step produced", "logprob", order, marks)))
+        if "drift_by_depth" in tables:
+            plots.extend(("drift", p) for p in _drift_plots(tables["drift_by_depth"], self.profile))
+        if "features" in tables and {"pos", "feature"} <= set(tables["features"].columns):
+            f = tables["features"]
+            l0 = f.group_by("run_id", "pos").len().rename({"len": "active"})
+            plots.append(("sae", _curves(l0, "active", "Active SAE features kept per position", "count", order,
+                                         x="pos", xlabel="position")))
+        return plots
 
     def save(self, path: str | os.PathLike) -> pathlib.Path:
         """Write the standalone HTML report and ``<stem>_files/*.parquet``. Returns the HTML path."""
@@ -211,26 +239,7 @@ class Comparison:
                 df.write_parquet(files / f"{name}.parquet", metadata=parquet_metadata(name))
         except OSError as exc:
             raise TrajscopeError(f"Cannot write the report to '{path}': {exc.strerror or exc}.") from None
-        att, res = tables["attention_by_step"], tables["residual_by_step"]
-        order = [t.run_id for t in self.runs]
-        plots = [
-            ("attention", _curves(att, "entropy_norm", "Attention entropy / log(#keys), mean over layers and heads", "entropy (norm.)", order)),
-            ("attention", _curves(att, "prefix_mass", "Prefix (prompt) mass — share of attention on the prompt", "prefix mass", order)),
-            ("attention", _curves(att, "sink_mass", "Sink mass — attention on position 0", "sink mass", order)),
-            ("residual", _curves(res, "norm_vs_prefill", "Residual norm ÷ the run's prefill mean (mean over layers)", "ratio", order)),
-            ("residual", _curves(res, "kurtosis_minus_prefill", "Excess kurtosis − the run's prefill mean (mean over layers)", "Δ kurtosis", order)),
-        ]
-        if "steering_tokens" in tables:
-            marks = {t.run_id: min(v["start_step"] for v in t.meta["steering"]) for t in self.runs if t.meta.get("steering")}
-            st = tables["steering_tokens"]
-            plots.append(("steering", _curves(st, "entropy", "Next-token entropy by step (dotted: steering onset)", "nats", order, marks)))
-            plots.append(("steering", _curves(st.drop_nulls("logprob"), "logprob", "Logprob of the token by step", "logprob", order, marks)))
-        if "drift_by_depth" in tables:
-            plots.extend(("drift", p) for p in _drift_plots(tables["drift_by_depth"], self.profile))
-        if "features" in tables and {"pos", "feature"} <= set(tables["features"].columns):
-            f = tables["features"]
-            l0 = f.group_by("run_id", "pos").len().rename({"pos": "step", "len": "active"})
-            plots.append(("sae", _curves(l0, "active", "Active SAE features kept per position", "count", order)))
+        plots = self.figures(tables)
         # Render into a fresh document: a served Panel session elsewhere in the process may have left
         # its own document current, and plots must not attach to it.
         script, divs = components([p for _, p in plots])
@@ -240,7 +249,7 @@ class Comparison:
         titles = {"attention": "Attention telemetry", "residual": "Residual statistics versus prefill",
                   "steering": "Steering", "sae": "SAE features", "drift": "Drift versus the prefill profile"}
         notes = {"attention": "Per step, at the step's query (the last prompt position for step 0).",
-                 "residual": "Decode positions only; 1.0 / 0.0 mean 'as during prefill'.",
+                 "residual": "Decode steps only, at each step's query; 0 means 'as during this run's prefill'.",
                  "steering": "", "sae": "",
                  "drift": ("Diagonal Mahalanobis distance to the prefill profile ÷ √d (≈ 1 in distribution), and the "
                            "share of positions above each layer's threshold (calibrated on held-out prefill to the "
@@ -259,7 +268,7 @@ class Comparison:
         body.append(f"<p class='note'>Tables: <code>{html.escape(files.name)}/</code> ({', '.join(sorted(tables))}"
                     ".parquet).</p>")
         doc = PAGE.format(resources=INLINE.render(), script=script, body="\n".join(body),
-                          title=html.escape(f"trajscope report — {len(self.runs)} runs"))
+                          title=html.escape(f"trajscope report — {len(self.runs)} run{'s' if len(self.runs) != 1 else ''}"))
         try:
             path.write_text(doc, encoding="utf-8")
         except OSError as exc:

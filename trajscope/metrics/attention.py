@@ -44,24 +44,23 @@ def region_jumps(attention: pl.DataFrame, threshold: float = JUMP_THRESHOLD) -> 
     """Top-k Jaccard between consecutive steps, per layer × head, and the phase-jump flag.
 
     Args:
-        attention: the ``attention`` table (needs step, pos, layer, head, top_pos).
+        attention: the ``attention`` table (needs step, pos, layer, head, top_pos), eager or lazy.
         threshold: a step is a jump when its Jaccard with the previous step is below this.
     Returns:
         Frame with columns ``step, layer, head, jaccard (Float64, null at step 0), jump (Boolean)``;
         one row per step × layer × head, sorted by layer, head, step.
     """
-    q = step_queries(attention).select("step", "layer", "head", "top_pos")
-    if q.is_empty():
-        return pl.DataFrame(schema={"step": pl.Int32, "layer": pl.Int16, "head": pl.Int16,
-                                    "jaccard": pl.Float64, "jump": pl.Boolean})
+    lazy = isinstance(attention, pl.LazyFrame)
+    q = step_queries(attention.lazy()).select("step", "layer", "head", "top_pos")
     prev = pl.col("top_pos").shift(1).over("layer", "head")
     q = q.with_columns(prev.alias("_prev"))
     inter = pl.col("top_pos").list.set_intersection(pl.col("_prev")).list.len()
     union = pl.col("top_pos").list.set_union(pl.col("_prev")).list.len()
     jac = pl.when(pl.col("_prev").is_null()).then(None).when(union == 0).then(1.0).otherwise(inter / union)
     out = q.with_columns(jac.cast(pl.Float64).alias("jaccard"))
-    return out.with_columns((pl.col("jaccard") < threshold).fill_null(False).alias("jump")).select(
+    out = out.with_columns((pl.col("jaccard") < threshold).fill_null(False).alias("jump")).select(
         "step", "layer", "head", "jaccard", "jump")
+    return out if lazy else out.collect()
 
 
 def step_telemetry(attention: pl.DataFrame, layer: int | None = None, head: int | None = None,
@@ -78,6 +77,8 @@ def step_telemetry(attention: pl.DataFrame, layer: int | None = None, head: int 
         the selected heads), ``jump_rate`` (fraction of selected heads that jump) and ``jump``
         (``jump_rate ≥ 0.5``: the selected head jumps, or most of the selected heads do).
     """
+    lazy = isinstance(attention, pl.LazyFrame)
+    attention = attention.lazy()
     q = step_queries(attention)
     jumps = region_jumps(attention, threshold)
     if layer is not None:
@@ -87,4 +88,5 @@ def step_telemetry(attention: pl.DataFrame, layer: int | None = None, head: int 
     tele = q.group_by("step").agg(*[pl.col(f).mean() for f in TELEMETRY_FIELDS])
     jj = jumps.group_by("step").agg(pl.col("jaccard").mean(), pl.col("jump").cast(pl.Float64).mean().alias("jump_rate"))
     out = tele.join(jj, on="step", how="left").sort("step")
-    return out.with_columns((pl.col("jump_rate") >= 0.5).fill_null(False).alias("jump"))
+    out = out.with_columns((pl.col("jump_rate") >= 0.5).fill_null(False).alias("jump"))
+    return out if lazy else out.collect()

@@ -23,6 +23,7 @@ import polars as pl
 from bokeh.core.properties import value
 
 from trajscope.metrics.attention import TELEMETRY_FIELDS
+from trajscope.metrics.next_token import step_outputs
 
 hv.Store.set_current_backend("bokeh")
 
@@ -319,16 +320,15 @@ def telemetry_plot(tele: pl.DataFrame, fields: tuple[str, ...] = ("entropy_norm"
 
 
 def next_token_plot(tokens: pl.DataFrame, prompt_len: int) -> hv.Overlay:
-    """Next-token entropy and the chosen token's −logprob over steps (the model's own uncertainty).
+    """Next-token entropy and the produced token's −logprob over steps (the model's own uncertainty).
 
-    Step s (≥ 1) reads the distribution at pos P + s − 1; step 0 reads it at pos P − 1.
+    Both are computed by step s and drawn at x = s (:func:`trajscope.metrics.next_token.step_outputs`).
     """
-    df = tokens.filter(pl.col("pos") >= prompt_len - 1).with_columns(
-        (pl.col("pos") - prompt_len + 1).alias("s"), pl.col("logprob").shift(-1).alias("next_lp"))
-    df = df.filter(pl.col("entropy").is_not_null())
-    ent = hv.Curve((df["s"].to_numpy(), df["entropy"].cast(pl.Float64).to_numpy()), "step", "nats",
+    df = step_outputs(tokens, prompt_len)
+    ent_df = df.filter(pl.col("entropy").is_not_null())
+    ent = hv.Curve((ent_df["step"].to_numpy(), ent_df["entropy"].cast(pl.Float64).to_numpy()), "step", "nats",
                    label="next-token entropy").opts(color="#1f77b4", tools=["hover", "tap"])
-    nll = hv.Curve((df["s"].to_numpy(), (-df["next_lp"].cast(pl.Float64)).to_numpy()), "step", "nats",
+    nll = hv.Curve((df["step"].to_numpy(), (-df["logprob"].cast(pl.Float64)).to_numpy()), "step", "nats",
                    label="−logprob of produced token").opts(color="#ff7f0e", tools=["hover", "tap"])
     return (ent * nll).opts(title="Next-token distribution over steps", responsive=True, height=220,
                             legend_position="right", xlabel="step (0 = prefill)", ylabel="nats", show_grid=True)
