@@ -24,6 +24,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.metrics.steering import decay_summary, step_effects
 from trajscope.model import ModelHandle
 from trajscope.steering import SteeringVector
+from trajscope.trajectory import write_table
 
 
 @dataclasses.dataclass
@@ -50,7 +51,7 @@ class SweepResult:
         try:
             path.mkdir(parents=True, exist_ok=True)
             for name in ("steps", "summary", "texts"):
-                getattr(self, name).write_parquet(path / f"{name}.parquet")
+                write_table(getattr(self, name), path / f"{name}.parquet", f"steering_{name}")
         except OSError as exc:
             raise TrajscopeError(f"Cannot write the sweep to '{out}': {exc.strerror or exc}.") from None
 

@@ -52,6 +52,13 @@ def parquet_metadata(table: str) -> dict[str, str]:
     return {"trajscope_schema": str(SCHEMA_VERSION), "trajscope_table": table}
 
 
+def write_table(df: pl.DataFrame, path: str | os.PathLike, table: str | None = None) -> pathlib.Path:
+    """Write ``df`` as Parquet with the schema metadata (``table`` defaults to the file's stem)."""
+    path = pathlib.Path(path)
+    df.write_parquet(path, metadata=parquet_metadata(table or path.stem))
+    return path
+
+
 @functools.lru_cache(maxsize=1)
 def _versions() -> tuple[tuple[str, str], ...]:
     from importlib.metadata import PackageNotFoundError, version

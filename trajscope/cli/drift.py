@@ -21,6 +21,7 @@ import sys
 
 from trajscope.cli import options as opt
 from trajscope.errors import TrajscopeError
+from trajscope.trajectory import write_table
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -64,9 +65,9 @@ def cmd_drift(args: argparse.Namespace) -> int:
     by_entropy = profile_drift_by_group(trajs, prof, by="entropy_band")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        positions.write_parquet(out / "positions.parquet")
-        by_depth.write_parquet(out / "by_depth.parquet")
-        by_entropy.write_parquet(out / "by_entropy.parquet")
+        write_table(positions, out / "positions.parquet", "drift_positions")
+        write_table(by_depth, out / "by_depth.parquet", "drift_by_depth")
+        write_table(by_entropy, out / "by_entropy.parquet", "drift_by_entropy")
         prof.save(out / "profile.safetensors")
     except OSError as exc:
         raise TrajscopeError(f"Cannot write the drift report to '{out}': {exc.strerror or exc}.") from None

@@ -23,6 +23,7 @@ from typing import Any
 
 from trajscope.cli import options as opt
 from trajscope.errors import TrajscopeError
+from trajscope.trajectory import write_table
 
 
 def cmd_harvest(args: argparse.Namespace) -> int:
@@ -139,9 +140,9 @@ def cmd_sae_drift(args: argparse.Namespace) -> int:
     table, overlap = reconstruction_report(h, saes, model=model, overlap_k=args.overlap_k, progress=progress)
     wide = side_by_side(table, args.metrics.split(","))
     out = opt.out_dir(args.out)
-    table.write_parquet(out / "sae_drift.parquet")
-    wide.write_parquet(out / "sae_drift_wide.parquet")
-    overlap.write_parquet(out / "sae_overlap.parquet")
+    write_table(table, out / "sae_drift.parquet")
+    write_table(wide, out / "sae_drift_wide.parquet")
+    write_table(overlap, out / "sae_overlap.parquet")
     print(f"SAE drift at layer {h.layer}: {h.meta.get('n_prompts')} prompts, {len(h)} rows "
           f"({h.meta.get('split', '?')} split); prefill is the reference row.\n")
     print(format_table(wide))

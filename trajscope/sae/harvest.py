@@ -35,6 +35,7 @@ from trajscope import positions
 from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
 from trajscope.metrics.sae_eval import depth_band, entropy_band
+from trajscope.trajectory import write_table
 
 
 @dataclasses.dataclass
@@ -76,8 +77,8 @@ class Harvest:
         p = pathlib.Path(path)
         p.mkdir(parents=True, exist_ok=True)
         save_file({"acts": self.acts.contiguous()}, str(p / "acts.safetensors"))
-        self.rows.write_parquet(p / "rows.parquet")
-        self.sequences.write_parquet(p / "sequences.parquet")
+        write_table(self.rows, p / "rows.parquet", "harvest_rows")
+        write_table(self.sequences, p / "sequences.parquet", "harvest_sequences")
         (p / "meta.json").write_text(json.dumps({**self.meta, "layer": self.layer}, indent=1), encoding="utf-8")
         return p
 
