@@ -118,6 +118,11 @@ def test_steering_view_runs_off_the_event_loop(llama, tmp_path):
     while view.settings.busy:
         time.sleep(0.05)
     assert "No contrast-pair file" in view.settings.status
+    view.settings.param.update(pairs_path=str(pairs), mode="clamp")
+    view.steer()
+    while view.settings.busy:
+        time.sleep(0.05)
+    assert view.settings.steered.meta["steering"][0]["mode"] == "clamp", view.settings.status
 
 
 def test_features_view_follows_the_step(sample_model, tmp_path):

@@ -104,7 +104,14 @@ class SteeringView(StateView):
         key = (s.pairs_path, s.layer, model.model_id)
         if key not in self._vectors:
             self._vectors[key] = SteeringVector.from_contrast(model, read_pairs(s.pairs_path), s.layer, name="caa")
-        return self._vectors[key].at(start_step=s.start_step, strength=s.strength)
+        return self.settings_vector(self._vectors[key])
+
+    def settings_vector(self, vec):
+        """``vec`` with the card's start step, strength and mode (the mode selector reaches the vector)."""
+        import dataclasses
+
+        s = self.settings
+        return dataclasses.replace(vec.at(start_step=s.start_step, strength=s.strength), mode=s.mode)
 
     def _launch(self, work) -> None:
         s, dispatch = self.settings, dispatcher()
