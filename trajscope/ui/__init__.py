@@ -1,9 +1,15 @@
 """The trajscope app: step through decode token by token.
 
-- :mod:`trajscope.ui.state` holds what the user is looking at (``param`` only, no Panel);
-- :mod:`trajscope.ui.plots` turns Polars frames into HoloViews elements (pure functions);
-- :mod:`trajscope.ui.views` binds the two in Panel ``Viewer`` classes; :class:`TrajScope`
-  is the whole app, in ``panel serve`` and in Jupyter.
+- :mod:`trajscope.ui.state` and :mod:`trajscope.ui.analysis_state` hold what the user is looking at
+  (``param`` only, no Panel; a layout test enforces it);
+- :mod:`trajscope.ui.plots` and :mod:`trajscope.ui.analysis_plots` turn Polars frames into HoloViews
+  elements (pure functions over the numbers of :mod:`trajscope.metrics`, so the app shows what
+  reports and exports hold);
+- :mod:`trajscope.ui.runner` runs captures off the event loop on a shared, locked model;
+- :mod:`trajscope.ui.export` builds downloads;
+- :mod:`trajscope.ui.views` binds them in Panel ``Viewer`` classes (tokens, attention, telemetry,
+  features, drift, steering, export); :class:`TrajScope` is the whole app, in ``panel serve`` and
+  in Jupyter.
 """
 
 

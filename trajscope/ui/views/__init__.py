@@ -5,6 +5,8 @@
 - :mod:`.tokens`: the token strip;
 - :mod:`.attention`: heatmap, layer × head grid, top attended tokens;
 - :mod:`.telemetry`: curves over steps;
+- :mod:`.features`: SAE features of the run (top features, timeline, reconstruction error);
+- :mod:`.analysis`: Drift (against a prefill profile) and Steering (CAA from a chosen step, depth sweep);
 - :mod:`.export`: downloads;
 - :mod:`.app`: :class:`TrajScope`, all of the above in one layout.
 """
