@@ -246,3 +246,27 @@ def test_export_view_offers_a_comparison_report(short_run, short_run_dir):
     assert two.count(short_run.run_id) >= 2
     view.compare_with = "/no/such/run"
     assert view._report() is None and "No run directory" in view.state.error
+
+
+def test_generated_runs_keep_what_the_sae_and_drift_cards_need(sample_model, fresh_models):
+    """Issue: SAE and Drift were empty for every run generated in the app."""
+    runner._MODELS[("sample", False, None)] = sample_model
+    app = TrajScope(max_new_tokens=6, prompt="class Stack:\n    def push(self, x):\n        ")
+    assert app.state.analysis_layers == list(range(sample_model.n_layers))  # profile: all layers; SAE: layer 3
+    wait_job(app.controls.generate(dispatch=lambda fn: fn()))
+    traj = app.state.trajectory
+    assert traj.meta["prompt"].startswith("class Stack") and traj.residual(3).shape[0] == traj.prompt_len + 5
+    assert app.drift.settings.drift is not None and app.drift.settings.drift.height > 0
+    assert app.features.message == "", app.features.message
+
+
+def test_settings_changed_after_generate_do_not_reach_the_running_job(sample_model, fresh_models):
+    app = TrajScope(max_new_tokens=5, prompt="import os\n")
+    gate = threading.Event()
+    job = app.controls.generate(dispatch=lambda fn: fn(), loader=lambda *a, **k: (gate.wait(10), sample_model)[1])
+    app.state.param.update(max_new_tokens=2, keep_attention="none", prompt="something else")
+    gate.set()
+    wait_job(job)
+    traj = app.state.trajectory
+    assert traj.n_steps == 5 and traj.meta["attention_layers"] == list(range(sample_model.n_layers))
+    assert traj.meta["prompt"] == "import os\n"

@@ -56,8 +56,9 @@ class DriftSettings(param.Parameterized):
         n_layers = traj.meta["model"]["n_layers"]
         kept = {int(k.split(".")[1]) for k in traj.tensors if k.startswith("residual.")}
         if not kept:
-            self.message = ("Drift needs the residuals of the run: set 'layers to keep' to all (or some layers) "
-                            "and generate again.")
+            self.message = ("This run kept no residual vectors (it was captured without them); runs generated "
+                            "in the app keep the layers this card needs — press Generate, or capture with "
+                            "--residual-layers all.")
             return
         if not pathlib.Path(self.profile_path).is_file():
             self.message = (f"No profile at {self.profile_path}; build one with "

@@ -97,20 +97,24 @@ class GenerationJob:
         on_partial: ``(traj)`` with the steps so far, throttled to ``partial_every_s``.
         on_done: ``(traj)`` with the finished (or cancelled) run.
         on_error: ``(message: str)`` one sentence; the API key is scrubbed from it.
-        layer_check: ``(n_layers) -> capture_kwargs`` re-validates settings once the model is known.
+    Threading: the job receives an immutable snapshot of the settings — a frozen
+    :class:`~trajscope.capture.CaptureConfig` taken at click time — so settings changed after
+    Generate never reach the running capture.
     """
 
-    def __init__(self, source: str, prompt: str, capture_kwargs: dict, dispatch: Callable[[Callable[[], None]], None],
+    def __init__(self, source: str, prompt: str, config: Any, dispatch: Callable[[Callable[[], None]], None],
                  on_progress: Callable[[Any], None], on_partial: Callable[[Any], None],
                  on_done: Callable[[Any], None], on_error: Callable[[str], None], remote: bool = False,
-                 api_key: str | None = None, partial_every_s: float = 0.5,
-                 layer_check: Callable[[int], dict] | None = None, loader: Callable | None = None):
-        self.source, self.prompt, self.kwargs = source, prompt, dict(capture_kwargs)
+                 api_key: str | None = None, partial_every_s: float = 0.5, loader: Callable | None = None):
+        from trajscope.capture import CaptureConfig
+
+        self.source, self.prompt = source, prompt
+        self.config = config if isinstance(config, CaptureConfig) else CaptureConfig(**dict(config))
         self.remote, self._api_key = remote, api_key
         self.dispatch = dispatch
         self.on_progress, self.on_partial, self.on_done, self.on_error = on_progress, on_partial, on_done, on_error
         self.partial_every_s = partial_every_s
-        self.layer_check, self.loader = layer_check, loader
+        self.loader = loader
         self.cancel = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trajscope-generate", daemon=True)
         self._last_partial = 0.0
@@ -149,9 +153,8 @@ class GenerationJob:
     def _run(self) -> None:
         try:
             model = get_model(self.source, self.remote, self._api_key, loader=self.loader)
-            kwargs = self.layer_check(model.n_layers) if self.layer_check else self.kwargs
             self._last_partial = time.monotonic()
-            traj = capture(model, self.prompt, on_step=self._on_step, cancel=self.cancel, **kwargs)
+            traj = capture(model, self.prompt, self.config, on_step=self._on_step, cancel=self.cancel)
         except TrajscopeError as exc:
             msg = _scrub(str(exc), self._api_key)
             self._send(lambda: self.on_error(msg))

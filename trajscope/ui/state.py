@@ -85,6 +85,10 @@ class AppState(param.Parameterized):
     temperature = param.Number(default=0.0, bounds=(0.0, 5.0), doc="0 = greedy; > 0 samples with this temperature.")
     seed = param.Integer(default=0, doc="Random seed for sampling (ignored when greedy).")
     keep_attention = param.String(default="all", doc="Layers whose full attention rows are kept for the heatmap: 'all', 'none' or '0,3'.")
+    keep_residuals = param.String(default="", doc="More layers whose residual vectors are kept: 'all', 'none' or '0,3' "
+                                  "(the layers the SAE and Drift cards read are always kept).")
+    analysis_layers = param.List(default=[], item_type=int, doc="Layers whose residuals the analysis cards need "
+                                 "(the SAE's layer, the drift profile's layers); set by the app.")
     run_path = param.String(default="", doc="Path of a saved run directory to open.")
 
     # -- activity ----------------------------------------------------------------------------
@@ -179,8 +183,26 @@ class AppState(param.Parameterized):
         """
         if not self.prompt.strip():
             raise TrajscopeError("The prompt is empty; type some text to continue.")
-        return {"max_new_tokens": int(self.max_new_tokens), "temperature": float(self.temperature),
-                "seed": int(self.seed), "attention_layers": parse_layers(self.keep_attention, n_layers)}
+        kw = {"max_new_tokens": int(self.max_new_tokens), "temperature": float(self.temperature),
+              "seed": int(self.seed), "attention_layers": parse_layers(self.keep_attention, n_layers)}
+        extra = parse_layers(self.keep_residuals, n_layers)
+        if extra == "all":
+            kw["residual_layers"] = "all"
+        elif extra or self.analysis_layers:
+            kw["residual_layers"] = sorted(set(extra or []) | {int(x) for x in self.analysis_layers})
+        return kw
+
+    def capture_config(self, n_layers: int | None = None):
+        """The frozen :class:`~trajscope.capture.CaptureConfig` of the current settings (a snapshot for the
+        worker): what the visible cards need plus what the user asked to keep; every prefill row is
+        computed (the token strip colours prompt tokens by logprob and entropy).
+
+        Raises:
+            TrajscopeError: empty prompt, unreadable layer fields, or invalid sampling settings.
+        """
+        from trajscope.capture import CaptureConfig
+
+        return CaptureConfig(**self.capture_kwargs(n_layers), prefill_rows="all")
 
     def model_key(self) -> tuple[str, bool]:
         """What identifies the model to load: ``(source, remote)`` (never the key)."""

@@ -42,6 +42,30 @@ def ensure_extension() -> None:
         pn.extension("tabulator", notifications=True)
 
 
+def analysis_layers(sae_path: str, profile_path: str) -> list[int]:
+    """Layers whose residuals the SAE card (its ``hook_name`` layer) and the Drift card (every layer of its
+    profile) read; unreadable paths contribute nothing (the cards say why)."""
+    import json
+    import pathlib
+
+    layers: set[int] = set()
+    try:
+        cfg = json.loads((pathlib.Path(sae_path) / "cfg.json").read_text())
+        hook = cfg.get("hook_name") or cfg.get("metadata", {}).get("hook_name") or ""
+        parts = hook.split(".")
+        if len(parts) > 1 and parts[0] == "blocks" and parts[1].isdigit():
+            layers.add(int(parts[1]))
+    except (OSError, ValueError):
+        pass
+    try:
+        from trajscope.profile import ReferenceProfile
+
+        layers |= set(range(ReferenceProfile.load(profile_path).n_layers))
+    except Exception:  # a missing or foreign profile: the Drift card explains it
+        pass
+    return sorted(layers)
+
+
 class TrajScope(StateView):
     """The trajscope app.
 
@@ -74,7 +98,14 @@ class TrajScope(StateView):
         self.drift = DriftView(state=self.state)
         self.steering = SteeringView(state=self.state)
         self.state.param.watch(self._notify, "error")
+        self.features.param.watch(self._analysis_layers, "sae_path")
+        self.drift.settings.param.watch(self._analysis_layers, "profile_path")
+        self._analysis_layers()
         self._started = False
+
+    def _analysis_layers(self, *_) -> None:
+        """Keep, in every run generated from now on, the residuals the SAE and Drift cards read."""
+        self.state.analysis_layers = analysis_layers(self.features.sae_path, self.drift.settings.profile_path)
 
     def _notify(self, event) -> None:
         if event.new and pn.state.notifications is not None:

@@ -33,18 +33,17 @@ class Controls(StateView):
         if st.busy:
             return None
         try:
-            kwargs = st.capture_kwargs()
+            config = st.capture_config()  # the worker's snapshot: later edits do not reach this run
             source, remote = st.model_key()
         except TrajscopeError as exc:
             st.report(str(exc))
             return None
-        st.param.update(busy=True, progress=0, progress_max=kwargs["max_new_tokens"], live_text="", error="",
-                        status=f"Loading '{source}' and generating up to {kwargs['max_new_tokens']} tokens…")
+        st.param.update(busy=True, progress=0, progress_max=config.max_new_tokens, live_text="", error="",
+                        status=f"Loading '{source}' and generating up to {config.max_new_tokens} tokens…")
         self.job = GenerationJob(
-            source, st.prompt, kwargs, dispatch or dispatcher(), remote=remote,
+            source, st.prompt, config, dispatch or dispatcher(), remote=remote,
             api_key=st.ndif_api_key or None, on_progress=self._on_progress, on_partial=self._on_partial,
-            on_done=self._on_done, on_error=self._on_error, layer_check=st.capture_kwargs, loader=loader,
-            partial_every_s=1.0)
+            on_done=self._on_done, on_error=self._on_error, loader=loader, partial_every_s=1.0)
         return self.job.start()
 
     def stop(self, event=None) -> None:
@@ -107,6 +106,10 @@ class Controls(StateView):
         keep = pn.widgets.TextInput.from_param(st.param.keep_attention, name="Keep full attention rows of layers",
                                                description="'all', 'none' or indices like '0,3'. Other layers show "
                                                "their top-8 keys only.")
+        keep_res = pn.widgets.TextInput.from_param(st.param.keep_residuals, name="Also keep residuals of layers",
+                                                   placeholder="'all', or indices like '0,3'",
+                                                   description="The SAE and Drift cards' layers are always kept; "
+                                                   "add more for your own analyses or exports.")
         gen = pn.widgets.Button(label="Generate", color="primary", width=130, css_classes=["ts-generate"])
         stop = pn.widgets.Button(label="Stop", color="danger", width=90, disabled=True, css_classes=["ts-stop"])
         gen.on_click(self.generate)
@@ -133,6 +136,6 @@ class Controls(StateView):
         open_btn = pn.widgets.Button(label="Open run", width=110, css_classes=["ts-open"])
         open_btn.on_click(self.open_run)
         return pn.Column(
-            "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep,
+            "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res,
             pn.Row(gen, stop), bar, status, live, alert,
             pn.layout.Divider(), path, open_btn, sizing_mode="stretch_width")
