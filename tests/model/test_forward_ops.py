@@ -184,3 +184,16 @@ def test_masked_decode_from_an_earlier_position_equals_the_masked_forward(tiny_m
     assert forced.logits[P - 1:].argmax(-1).tolist() == out[P:]
     _, ref = hf_forward(model, out[:-1], hidden_mask(len(out) - 1, range(2, 6), start))
     torch.testing.assert_close(forced.resid[0], ref[0], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2"])
+def test_forward_returns_attention_rows_of_the_last_queries(tiny_models, tiny_eager, family):
+    ids = tiny_models[family].encode(PROMPT)
+    got = tiny_models[family].forward(ids, attention_rows=3).attn
+    ref = tiny_eager[family].forward(ids, attention_rows=3).attn
+    with torch.no_grad():
+        eager = hf_reference(tiny_models[family])(torch.tensor([ids]), output_attentions=True).attentions
+    for layer in range(2):
+        assert got[layer].shape == (4, 3, len(ids))
+        torch.testing.assert_close(got[layer], eager[layer][0, :, -3:].float(), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(ref[layer], got[layer], atol=1e-5, rtol=1e-4)

@@ -5,6 +5,7 @@
 - :mod:`trajscope.cli.steer`: ``steer-sweep`` (steering effect by start depth);
 - :mod:`trajscope.cli.drift`: ``profile`` and ``drift`` (the decode-regime calibration report);
 - :mod:`trajscope.cli.sae`: ``harvest``, ``train-sae`` and ``sae-drift``;
+- :mod:`trajscope.cli.studies`: ``eviction`` (the KV-eviction study);
 - :mod:`trajscope.cli.options`: the options they share, defined once, and the one place where
   parsed options become a :class:`~trajscope.capture.CaptureConfig`.
 
@@ -18,10 +19,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trajscope.cli import capture, drift, sae, steer
+from trajscope.cli import capture, drift, sae, steer, studies
 from trajscope.errors import TrajscopeError
 
-GROUPS = (capture, steer, drift, sae)
+GROUPS = (capture, steer, drift, sae, studies)
 
 
 def build_parser() -> argparse.ArgumentParser:

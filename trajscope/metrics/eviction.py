@@ -23,8 +23,9 @@ Policies (``w`` = observation window, default 32; ``m`` = lookahead steps, defau
 - ``streamingllm`` — StreamingLLM (Xiao et al., 2024, "Efficient Streaming Language Models
   with Attention Sinks"): the first 4 sink positions plus the ``B − 4`` most recent.
 - ``pyramidkv`` — PyramidKV (Cai et al., 2024): per-layer budgets that fall linearly with
-  depth (:func:`pyramid_budgets`, mean ``B``, so the total is ``L · B``), each layer then
-  selected as SnapKV.
+  depth (:func:`pyramid_budgets`, mean ``B``, so the total is ``L · B``; a layer's budget is
+  capped at P and the excess goes to the shallowest layers below P, so ``B = P`` keeps
+  everything), each layer then selected as SnapKV.
 - ``lookahead`` — LAQ-style (Lookahead Q-Cache, 2025): SnapKV's rule with the scores
   taken from the queries of the first ``m`` tokens of a draft generation.
 - ``pseudo`` — DapQ-style position-aware pseudo queries: the window's tokens placed at the
@@ -87,6 +88,17 @@ def pyramid_budgets(budget: int, n_layers: int, beta: float = 20.0) -> list[int]
     order = sorted(range(n_layers), key=lambda i: -(raw[i] - math.floor(raw[i])))
     for i in order[: max(0, short)]:
         out[i] += 1
+    return out
+
+
+def _capped(budgets: list[int], P: int) -> list[int]:
+    """Per-layer budgets capped at P, the excess handed to the shallowest layers still below P (same total)."""
+    out = [min(b, P) for b in budgets]
+    excess = sum(budgets) - sum(out)
+    for i in range(len(out)):
+        give = min(excess, P - out[i])
+        out[i] += give
+        excess -= give
     return out
 
 
@@ -206,7 +218,7 @@ def select(policy: str, prefill: torch.Tensor, budget: float | int, *, window: i
         for layer in range(L):
             masks.append(_select_scored(a[layer].sum(1), P, B, window, per_head, pool=False))
     elif policy in ("snapkv", "pyramidkv"):
-        budgets = pyramid_budgets(B, L, beta) if policy == "pyramidkv" else [B] * L
+        budgets = _capped(pyramid_budgets(B, L, beta), P) if policy == "pyramidkv" else [B] * L
         mean_budget = sum(budgets) / L
         for layer in range(L):
             masks.append(_select_scored(a[layer, :, P - window:].sum(1), P, min(P, budgets[layer]), window,

@@ -43,11 +43,14 @@ class ForwardResult:
         logits: ``[T, vocab]`` (``[B, T, vocab]`` for batches).
         resid: ``{layer: [T, d_model]}`` block outputs of the layers asked for (after steering / splicing).
         cache: the KV cache when asked for (``return_cache=True``), else None.
+        attn: ``{layer: [H, n, K]}`` attention rows of the last ``n`` queries when asked for
+            (``attention_rows=n``), float32.
     """
 
     logits: torch.Tensor
     resid: dict[int, torch.Tensor]
     cache: Any = None
+    attn: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -90,12 +93,15 @@ def expand_key_mask(key_mask: torch.Tensor, n_layers: int, n_heads: int, n_keys:
 
 def additive_masks(key_mask: torch.Tensor, q_positions: torch.Tensor, n_keys: int, mask_from: int,
                    dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``[L, 1, H, q, n_keys]`` additive masks: 0 where a query may see a key, the dtype's minimum elsewhere."""
+    """``[L, 1, H or 1, q, n_keys]`` additive masks: 0 where a query may see a key, the dtype's minimum elsewhere
+    (one head axis entry when every head sees the same keys)."""
     L, H, _ = key_mask.shape
     k = torch.arange(n_keys)
     causal = k[None, :] <= q_positions[:, None]  # [q, K]
     masked_rows = (q_positions >= mask_from)[:, None]  # [q, 1]
     allowed = causal[None, None] & (~masked_rows[None, None] | key_mask[:, :, None, :])  # [L, H, q, K]
+    if bool((allowed == allowed[:, :1]).all()):
+        allowed = allowed[:, :1]  # the same for every head: [L, 1, q, K] keeps the fast kernel
     out = torch.zeros(allowed.shape, dtype=dtype)
     out.masked_fill_(~allowed, torch.finfo(dtype).min)
     return out.unsqueeze(1).to(device)
@@ -136,7 +142,7 @@ def _hooks(model: Any, hf: torch.nn.Module, *, steer: list, steps: torch.Tensor,
 def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = None, steering: Sequence[Any] = (),
             layers: Sequence[int] = (), splice: tuple[int, Callable] | None = None,
             key_mask: torch.Tensor | None = None, mask_from: int | None = None, past: Any = None,
-            return_cache: bool = False, _inplace: bool = False) -> ForwardResult:
+            return_cache: bool = False, attention_rows: int = 0, _inplace: bool = False) -> ForwardResult:
     """Teacher-forced forward over ``token_ids`` (no cache unless ``past`` / ``return_cache``).
 
     Args:
@@ -149,6 +155,8 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
         past: a KV cache of the preceding positions (from :func:`prefix_cache` / ``return_cache``); it is
             copied, never changed.
         return_cache: also return the KV cache after these tokens.
+        attention_rows: also return every layer's attention rows of the last ``attention_rows`` queries
+            (needs a model whose attention can be read: ``attn="rows"`` or ``"eager"``).
     Returns:
         :class:`ForwardResult`: ``logits [T, vocab]``, ``resid {layer: [T, d_model]}``.
     """
@@ -160,23 +168,55 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
     steps = positions.step_of_positions(offset + T, P)[offset:]
     steer = steer_specs(model, steering)
     wanted = {int(layer) for layer in layers}
-    if model.remote and splice is None and key_mask is None and past is None and not return_cache:
+    if model.remote and splice is None and key_mask is None and past is None and not return_cache and not attention_rows:
         return _forward_nnsight(model, token_ids, steer, steps, wanted)
+    if attention_rows and getattr(model, "attn_impl", "eager") == "sdpa":
+        raise TrajscopeError("This model was loaded with attn='sdpa', whose attention cannot be read; load it with "
+                             "attn='rows' (the default) or 'eager'.")
     hf = model._local("This forward (splice, key mask or KV cache)")
     dev = _device(hf)
     masks = None
+    if key_mask is not None and bool(torch.as_tensor(key_mask).all()):
+        key_mask = None  # nothing hidden: the plain forward, bit for bit
     if key_mask is not None:
         km = expand_key_mask(key_mask, model.n_layers, model.n_heads, offset + T)
         masks = additive_masks(km, torch.arange(offset, offset + T), offset + T, P if mask_from is None else mask_from,
                                next(hf.parameters()).dtype, dev)
     grabbed: dict[int, torch.Tensor] = {}
+    rows: dict[int, torch.Tensor] = {}
     cache = past if (past is None or _inplace) else copy.deepcopy(past)
-    with torch.no_grad(), _hooks(model, hf, steer=steer, steps=steps, layers=wanted, splice=splice, masks=masks,
-                                 grabbed=grabbed):
+    n_rows = min(int(attention_rows), T)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(_hooks(model, hf, steer=steer, steps=steps, layers=wanted, splice=splice, masks=masks,
+                                   grabbed=grabbed))
+        if n_rows:
+            stack.enter_context(_row_hooks(model, hf, n_rows, rows))
         out = hf(input_ids=torch.tensor([list(token_ids)], device=dev), past_key_values=cache,
                  use_cache=bool(return_cache or cache is not None))
     return ForwardResult(logits=out.logits[0].float().cpu(), resid={k: v[0] for k, v in grabbed.items()},
-                         cache=out.past_key_values if return_cache else None)
+                         cache=out.past_key_values if return_cache else None, attn=rows)
+
+
+@contextlib.contextmanager
+def _row_hooks(model: Any, hf: torch.nn.Module, n: int, rows: dict) -> Iterator[None]:
+    """Collect each layer's attention rows of the last ``n`` queries (``attn.output[1]``) for one call."""
+    from trajscope.model.attention import prefill_rows
+
+    handles = []
+    try:
+        for layer, block in enumerate(_blocks(hf, model)):
+            def hook(_m, _i, out, layer=layer):
+                w = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+                if w is not None:
+                    rows[layer] = w[0, :, -n:].detach().float().cpu()
+
+            handles.append(get_path(block, model.family.attn).register_forward_hook(hook))
+        with prefill_rows(hf.config, n):
+            yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _forward_nnsight(model: Any, token_ids: Sequence[int], steer: list, steps: torch.Tensor,

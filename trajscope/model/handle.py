@@ -190,12 +190,12 @@ class ModelHandle:
     def forward(self, token_ids: Sequence[int], *, prompt_len: int | None = None, steering: Sequence[Any] = (),
                 layers: Sequence[int] = (), splice: tuple[int, Callable] | None = None,
                 key_mask: torch.Tensor | None = None, mask_from: int | None = None, past: Any = None,
-                return_cache: bool = False) -> ForwardResult:
+                return_cache: bool = False, attention_rows: int = 0) -> ForwardResult:
         """Teacher-forced forward over known tokens; see :func:`trajscope.model.forward.forward`."""
         with self.lock:
             return fw.forward(self, token_ids, prompt_len=prompt_len, steering=steering, layers=layers,
                               splice=splice, key_mask=key_mask, mask_from=mask_from, past=past,
-                              return_cache=return_cache)
+                              return_cache=return_cache, attention_rows=attention_rows)
 
     def read_residuals(self, prompts: Sequence[str | Sequence[int]], layer: int, position: int = -1) -> torch.Tensor:
         """Block ``layer``'s output at ``position`` of each prompt: ``[n_prompts, d_model]`` float32."""

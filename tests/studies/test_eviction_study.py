@@ -1,0 +1,87 @@
+"""The eviction study on tiny models: nothing evicted changes nothing, and the masked re-run is the real model."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+import torch
+
+import trajscope as ts
+from conftest import FAMILIES, hf_reference
+from trajscope.metrics import eviction as ev
+from trajscope.studies.eviction import eviction, first_divergence
+
+PROMPTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n", "import os\nimport sys\n\n\nclass Path:\n"]
+
+
+def test_full_budget_reproduces_the_full_run(tiny_models):
+    res = eviction(tiny_models["llama"], PROMPTS[:1], budgets=[1.0], max_new_tokens=6, window=4, lookahead=3)
+    assert res.rerun["token_agrees"].all() and res.rerun["kl_to_full"].abs().max() < 1e-6
+    assert res.steps["recall_at_k"].min() == 1.0 and res.steps["evicted_mass"].abs().max() < 1e-6
+    assert set(res.kept["policy"]) == set(ev.POLICIES)
+    assert first_divergence(res.rerun)["first_divergence"].null_count() == len(ev.POLICIES)
+
+
+def test_tables_and_small_budgets_cost_something(tiny_models, tmp_path):
+    res = eviction(tiny_models["qwen2"], PROMPTS, policies=["snapkv", "streamingllm", "oracle"], budgets=[0.2, 5],
+                   max_new_tokens=8, window=4, lookahead=4)
+    assert set(res.steps.columns) == {"run_id", "policy", "budget", "step", "layer", "head", "recall_at_k",
+                                      "evicted_mass"}
+    assert res.steps["step"].min() == 1 and res.rerun["step"].min() == 0
+    n_steps = res.rerun.group_by("run_id", "policy", "budget").len()["len"]
+    assert n_steps.n_unique() == 1 and n_steps[0] == 8
+    assert res.steps["evicted_mass"].max() > 0 and res.rerun["kl_to_full"].max() > 0
+    summ = res.summary()
+    assert {"recall_at_k", "evicted_mass", "kl_to_full", "token_agreement"} <= set(summ.columns)
+    out = res.save(tmp_path / "ev")
+    from trajscope.export import read_table
+
+    for name in ("eviction_kept", "eviction_steps", "eviction_rerun"):
+        assert read_table(out / f"{name}.parquet").height > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_masked_rerun_equals_hf_with_an_explicit_mask(tiny_models, family):
+    """The study's teacher-forced re-run is the model boundary's key mask; here the same kept set is handed
+    to HF as a 4-D additive mask that hides the evicted prompt keys from every decode query."""
+    model = tiny_models[family]
+    traj = ts.capture(model, PROMPTS[0], max_new_tokens=5, stop_at_eos=False, attention_layers="all")
+    P, ids = traj.prompt_len, traj.token_ids[:-1]
+    prefill = torch.stack([ev.split_rows(traj.attention_rows(layer), P)[0] for layer in range(model.n_layers)])
+    sel = ev.select("streamingllm", prefill, 0.4, window=4)  # the same set for every layer and head: one HF mask can say it
+    got = model.forward(ids, prompt_len=P, key_mask=ev.key_mask(sel, len(ids))).logits
+    T = len(ids)
+    allowed = torch.ones(T, T).tril().bool()
+    allowed[P:, :P] &= sel.mask[0, 0]
+    mask = torch.zeros(T, T).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
+    with torch.no_grad():
+        ref = hf_reference(model)(torch.tensor([ids]), attention_mask=mask, use_cache=False).logits[0]
+    torch.testing.assert_close(got, ref.float(), atol=1e-5, rtol=1e-4)
+
+
+def test_clear_errors(tiny_models, tiny_dirs):
+    m = tiny_models["gpt2"]
+    with pytest.raises(ts.TrajscopeError, match="Unknown eviction policy 'lru'"):
+        eviction(m, PROMPTS, policies=["lru"])
+    with pytest.raises(ts.TrajscopeError, match="not a fraction"):
+        eviction(m, PROMPTS, budgets=[1.5])
+    with pytest.raises(ts.TrajscopeError, match="longer than prompt"):
+        eviction(m, PROMPTS, window=500, max_new_tokens=2)
+    with pytest.raises(ts.TrajscopeError, match="attn='rows'"):
+        eviction(ts.load_model(str(tiny_dirs["gpt2"]), attn="sdpa"), PROMPTS)
+
+
+def test_eviction_command(tmp_path, capsys):
+    import json
+
+    from trajscope.cli import main
+    from trajscope.export import read_table
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p, "id": f"p{i}"}) for i, p in enumerate(PROMPTS)))
+    assert main(["eviction", "--prompts", str(prompts), "--policies", "snapkv,h2o", "--budgets", "0.25,6",
+                 "--max-new-tokens", "4", "--window", "4", "--out", str(tmp_path / "ev"), "--quiet"]) == 0
+    steps = read_table(tmp_path / "ev" / "eviction_steps.parquet")
+    assert set(steps["policy"]) == {"snapkv", "h2o"} and set(steps["budget"]) == {0.25, 6.0}
+    assert "recall_at_k" in capsys.readouterr().out
+    assert main(["eviction", "--prompts", str(prompts), "--budgets", "0", "--out", str(tmp_path / "x")]) == 2

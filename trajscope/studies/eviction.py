@@ -1,0 +1,188 @@
+"""The KV-eviction study: what each policy's choice of prompt keys costs decode, step by step.
+
+For every prompt, :func:`eviction`:
+
+1. captures the full run (greedy, ``max_new_tokens`` steps, every layer's attention rows kept);
+2. scores prompt keys with each policy of :mod:`trajscope.metrics.eviction` — SnapKV, H2O,
+   StreamingLLM and PyramidKV from the prefill attention; ``lookahead`` from the decode queries
+   of a *draft* (a sampled continuation, temperature 1, of ``m`` steps: an approximation of the
+   real continuation, as LAQ's draft is); ``pseudo`` from the window's tokens placed again at
+   positions ``P … P+m−1`` (one forward, their rows over the prompt keys); ``oracle`` from the
+   real decode queries of steps 1..m — and keeps each budget's top prompt positions;
+3. measures, per decode step, layer and head, the recall of the step's top-k attended prompt
+   positions inside the kept set and the attention mass on evicted positions (the full run's
+   rows: what the model actually looked at);
+4. re-runs decode with the evicted prompt keys masked out of attention for every decode query
+   (the model boundary's key mask — the real model, not a re-implementation): teacher-forced on
+   the full run's tokens, the per-step KL(p_full ‖ p_masked) of the next-token distribution; and
+   free-running greedy, whether each step's token agrees with the full run's and the first step
+   where it does not.
+
+Tables (schema-stamped Parquet when saved): ``eviction_kept`` (run_id, policy, budget, layer,
+head, kept_pos), ``eviction_steps`` (run_id, policy, budget, step, layer, head, recall_at_k,
+evicted_mass) and ``eviction_rerun`` (run_id, policy, budget, step, kl_to_full, token_agrees).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Callable, Sequence
+
+import polars as pl
+import torch
+
+from trajscope.capture import CaptureConfig, capture
+from trajscope.errors import TrajscopeError
+from trajscope.metrics import eviction as ev
+from trajscope.metrics.bands import depth_band_expr
+from trajscope.trajectory import write_table
+
+TABLES = ("eviction_kept", "eviction_steps", "eviction_rerun")
+
+
+@dataclasses.dataclass
+class EvictionResult:
+    """The three tables of an eviction study (see the module docstring) and its settings."""
+
+    kept: pl.DataFrame
+    steps: pl.DataFrame
+    rerun: pl.DataFrame
+    settings: dict
+
+    def summary(self) -> pl.DataFrame:
+        """Per policy, budget and depth band: mean recall@k, evicted mass, KL, token agreement."""
+        keys = ["policy", "budget", "depth_band"]
+        a = ev.depth_summary(self.steps)
+        b = (self.rerun.filter(pl.col("step") >= 1).with_columns(depth_band_expr(pl.col("step")).alias("depth_band"))
+             .group_by(keys).agg(pl.col("kl_to_full").mean(),
+                                 pl.col("token_agrees").cast(pl.Float64).mean().alias("token_agreement")))
+        return a.join(b, on=keys, how="left").sort(keys)
+
+    def save(self, out: str | pathlib.Path) -> pathlib.Path:
+        """Write ``eviction_kept``, ``eviction_steps`` and ``eviction_rerun`` Parquet files under ``out``."""
+        out = pathlib.Path(out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for name, df in zip(TABLES, (self.kept, self.steps, self.rerun)):
+                write_table(df, out / f"{name}.parquet", name)
+        except OSError as exc:
+            raise TrajscopeError(f"Cannot write the eviction study to '{out}': {exc.strerror or exc}.") from None
+        return out
+
+
+def _rows(traj) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[L, H, P, P]`` prefill and ``[L, S, H, n]`` decode attention rows of a capture with every layer kept."""
+    L = traj.meta["model"]["n_layers"]
+    parts = [ev.split_rows(traj.attention_rows(layer), traj.prompt_len) for layer in range(L)]
+    return torch.stack([p for p, _ in parts]), torch.stack([d for _, d in parts])
+
+
+def _query_rows(model, traj, policy: str, m: int, window: int, seed: int) -> torch.Tensor | None:
+    """``[L, H, m', P]`` rows that ``lookahead`` / ``pseudo`` / ``oracle`` score with (None for the others)."""
+    P = traj.prompt_len
+    if policy == "oracle":
+        _, dec = _rows(traj)
+        return dec[:, :m, :, :P].permute(0, 2, 1, 3)
+    if policy == "lookahead":
+        draft = capture(model, traj.token_ids[:P], CaptureConfig(max_new_tokens=m + 1, temperature=1.0, seed=seed,
+                                                                  stop_at_eos=False, attention_layers="all"))
+        _, dec = _rows(draft)
+        return dec[:, :m, :, :P].permute(0, 2, 1, 3)
+    if policy == "pseudo":
+        ids = traj.token_ids[:P]
+        pseudo = ids + ids[P - min(m, window):]
+        rows = model.forward(pseudo, attention_rows=len(pseudo) - P).attn
+        return torch.stack([rows[layer][:, :, :P] for layer in sorted(rows)])
+    return None
+
+
+def _rerun(model, traj, sel: ev.Selection, full_logits: torch.Tensor, run_id: str) -> pl.DataFrame:
+    """Per step: KL(full ‖ masked) teacher-forced on the full run's tokens, and free-running token agreement."""
+    P, ids = traj.prompt_len, traj.token_ids
+    n_new = len(ids) - P
+    mask = ev.key_mask(sel, len(ids))
+    masked = model.forward(ids[:-1], prompt_len=P, key_mask=mask).logits
+    lp_full, lp_masked = full_logits[P - 1:].log_softmax(-1), masked[P - 1:].log_softmax(-1)
+    kl = (lp_full.exp() * (lp_full - lp_masked)).sum(-1).clamp_min(0.0)
+    free = model.masked_decode(ids[:P], n_new, mask)
+    agree = [free[P + s] == ids[P + s] for s in range(n_new)]
+    return pl.DataFrame({"run_id": [run_id] * n_new, "policy": [sel.policy] * n_new,
+                         "budget": [float(sel.budget)] * n_new, "step": list(range(n_new)),
+                         "kl_to_full": kl[:n_new].double().tolist(), "token_agrees": agree},
+                        schema_overrides={"step": pl.Int32})
+
+
+def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] = ev.POLICIES,
+             budgets: Sequence[float | int] = (0.1, 0.2, 0.5), *, max_new_tokens: int = 32, window: int = 16,
+             lookahead: int = 8, k: int = 8, per_head: bool = True, rerun: bool = True, seed: int = 0,
+             progress: Callable[[int, int], None] | None = None) -> EvictionResult:
+    """Run the eviction study over ``prompts``.
+
+    Args:
+        model: a :class:`~trajscope.model.ModelHandle` whose attention can be read (``attn="rows"`` or ``"eager"``).
+        prompts: texts, or dicts with ``prompt`` and optional ``id``.
+        policies: names from :data:`trajscope.metrics.eviction.POLICIES`.
+        budgets: fractions of P in (0, 1] or counts.
+        max_new_tokens: decode steps of each full run (EOS does not stop it).
+        window: the observation / recent window w (must fit every prompt).
+        lookahead: m, the draft / pseudo / oracle query count.
+        k: top-k attended prompt positions for recall.
+        per_head: one kept set per head (True) or per layer.
+        rerun: also run the masked re-runs (KL and token agreement).
+        progress: ``(done, total)`` after each prompt.
+    Returns:
+        An :class:`EvictionResult`.
+    Raises:
+        TrajscopeError: an unknown policy, a bad budget, a window longer than a prompt, or a model whose
+        attention cannot be read.
+    """
+    unknown = [p for p in policies if p not in ev.POLICIES]
+    if unknown:
+        raise TrajscopeError(f"Unknown eviction policy '{unknown[0]}': choose among {', '.join(ev.POLICIES)}.")
+    if getattr(model, "attn_impl", "eager") == "sdpa" or model.remote is True:
+        raise TrajscopeError("The eviction study reads attention rows and re-runs with a key mask: load the model "
+                             "locally with attn='rows' (the default) or attn='eager'.")
+    for b in budgets:  # one clear error before any model work
+        ev.resolve_budget(b, 1)
+    items = [p if isinstance(p, dict) else {"prompt": p} for p in prompts]
+    kept, steps, reruns = [], [], []
+    cfg = CaptureConfig(max_new_tokens=max_new_tokens, stop_at_eos=False, attention_layers="all")
+    for i, item in enumerate(items):
+        run_id = str(item.get("id", i))
+        traj = capture(model, item["prompt"], cfg, run_id=run_id)
+        P = traj.prompt_len
+        if window > P:
+            raise TrajscopeError(f"The window ({window}) is longer than prompt '{run_id}' ({P} tokens); "
+                                 f"use --window ≤ {P} or longer prompts.")
+        prefill, decode = _rows(traj)
+        full_logits = model.forward(traj.token_ids[:-1]).logits if rerun else None
+        for policy in policies:
+            q = _query_rows(model, traj, policy, lookahead, window, seed + i)
+            for budget in budgets:
+                sel = ev.select(policy, prefill, budget, window=window, query_rows=q, per_head=per_head)
+                tag = [pl.lit(run_id).alias("run_id"), pl.lit(policy).alias("policy"),
+                       pl.lit(float(budget)).alias("budget")]
+                kept.append(sel.to_frame(run_id))
+                steps.append(ev.step_costs(sel, decode, P, k=k).with_columns(tag))
+                if rerun:
+                    reruns.append(_rerun(model, traj, sel, full_logits, run_id))
+        if progress is not None:
+            progress(i + 1, len(items))
+    lead = ["run_id", "policy", "budget"]
+    st = pl.concat(steps)
+    settings = {"policies": list(policies), "budgets": [float(b) for b in budgets], "max_new_tokens": max_new_tokens,
+                "window": window, "lookahead": lookahead, "k": k, "per_head": per_head, "n_prompts": len(items),
+                "model": model.describe()}
+    empty = pl.DataFrame(schema={"run_id": pl.String, "policy": pl.String, "budget": pl.Float64, "step": pl.Int32,
+                                 "kl_to_full": pl.Float64, "token_agrees": pl.Boolean})
+    return EvictionResult(pl.concat(kept), st.select(lead + [c for c in st.columns if c not in lead]),
+                          pl.concat(reruns) if reruns else empty, settings)
+
+
+def first_divergence(rerun: pl.DataFrame) -> pl.DataFrame:
+    """Per run, policy and budget: the first step whose free-running masked token differs (null: never)."""
+    return (rerun.group_by("run_id", "policy", "budget")
+            .agg(pl.col("step").filter(~pl.col("token_agrees")).min().alias("first_divergence"),
+                 pl.col("step").max().alias("last_step"))
+            .sort("policy", "budget", "run_id"))
