@@ -48,8 +48,12 @@ def cmd_eviction(args: argparse.Namespace) -> int:
     res.save(out)
     summary = res.summary()
     write_table(summary, out / "summary.parquet", "eviction_summary")
-    with pl.Config(tbl_rows=200, tbl_cols=12, float_precision=4):
-        print(summary)
+    shown = summary.select("policy", "budget", "depth_band", "n_prompts", *[
+        pl.format("{} [{}, {}]", *[pl.col(c).round(3) for c in (m, f"{m}_lo", f"{m}_hi")]).alias(m)
+        for m in ("recall_at_k", "evicted_mass", "kl_to_full", "token_agreement") if m in summary.columns])
+    with pl.Config(tbl_rows=200, tbl_cols=-1, fmt_str_lengths=40, tbl_width_chars=240, tbl_hide_dataframe_shape=True):
+        print("mean [95% prompt-clustered bootstrap interval] by policy, budget and decode-depth band")
+        print(shown)
     print(f"written to {out}/ (eviction_kept, eviction_steps, eviction_rerun, summary .parquet)", file=sys.stderr)
     return 0
 

@@ -50,14 +50,25 @@ class EvictionResult:
     rerun: pl.DataFrame
     settings: dict
 
-    def summary(self) -> pl.DataFrame:
-        """Per policy, budget and depth band: mean recall@k, evicted mass, KL, token agreement."""
+    def summary(self, level: float = 0.95, n_boot: int = 500) -> pl.DataFrame:
+        """Per policy, budget and decode-depth band: mean recall@k, evicted mass, KL to the full run and
+        greedy token agreement, each with a prompt-clustered bootstrap interval (:mod:`trajscope.stats`;
+        columns ``{metric}_lo`` / ``{metric}_hi``) and ``n_prompts``."""
+        from trajscope.stats import bootstrap_frame
+
         keys = ["policy", "budget", "depth_band"]
-        a = ev.depth_summary(self.steps)
-        b = (self.rerun.filter(pl.col("step") >= 1).with_columns(depth_band_expr(pl.col("step")).alias("depth_band"))
-             .group_by(keys).agg(pl.col("kl_to_full").mean(),
-                                 pl.col("token_agrees").cast(pl.Float64).mean().alias("token_agreement")))
-        return a.join(b, on=keys, how="left").sort(keys)
+        band = depth_band_expr(pl.col("step")).alias("depth_band")
+        st = self.steps.with_columns(band)
+        out = bootstrap_frame(st, "recall_at_k", keys, "run_id", level=level, n_boot=n_boot).join(
+            bootstrap_frame(st, "evicted_mass", keys, "run_id", level=level, n_boot=n_boot).drop("n", "n_clusters"),
+            on=keys)
+        if self.rerun.height:
+            rr = self.rerun.filter(pl.col("step") >= 1).with_columns(
+                band, pl.col("token_agrees").cast(pl.Float64).alias("token_agreement"))
+            for metric in ("kl_to_full", "token_agreement"):
+                out = out.join(bootstrap_frame(rr, metric, keys, "run_id", level=level, n_boot=n_boot)
+                               .drop("n", "n_clusters"), on=keys, how="left")
+        return out.rename({"n_clusters": "n_prompts", "n": "n_rows"}).sort(keys)
 
     def save(self, out: str | pathlib.Path) -> pathlib.Path:
         """Write ``eviction_kept``, ``eviction_steps`` and ``eviction_rerun`` Parquet files under ``out``."""
