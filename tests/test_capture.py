@@ -15,7 +15,7 @@ import scipy.stats
 import torch
 
 import trajscope as ts
-from conftest import FAMILIES, hf_reference
+from tiny import FAMILIES, hf_reference
 
 PROMPT = "def fibonacci(n):\n    "
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import trajscope as ts
-from conftest import FAMILIES
+from tiny import FAMILIES
 
 
 @pytest.mark.parametrize("family", FAMILIES)

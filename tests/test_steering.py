@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import trajscope as ts
-from conftest import hf_reference
+from tiny import hf_reference
 from trajscope.metrics.steering import decay_summary, kl_divergence, step_effects
 from trajscope.steering import SteeringVector
 from trajscope.sweep import steering_sweep
@@ -113,7 +113,30 @@ def test_decay_summary_half_life():
     s = decay_summary(steps, window=3)
     row = s.row(0, named=True)
     assert row["onset_kl_mean"] == 1.0 and row["half_life_median"] == 3
-    assert row["effect_mean"] == pytest.approx(0.8) and row["changed_frac"] == pytest.approx(0.4)
+    # equal window: steps 2, 3, 4 only (changed: True, True, False)
+    assert row["effect_mean"] == pytest.approx(0.8) and row["changed_frac"] == pytest.approx(2 / 3)
+    assert row["steps_counted"] == 3 and row["end_kl_mean"] == pytest.approx(0.6)
+
+
+def test_equal_windows_count_the_same_steps_for_every_depth_and_compare_with_step_one():
+    """k=1 and k=4 in runs of 10 steps: both summarised over exactly 3 steered steps; a run whose window
+    does not fit is counted as short, not averaged over fewer steps."""
+    rows = []
+    for pi in range(4):
+        for k in (1, 4, 9):
+            for s in range(10):
+                on = s >= k
+                rows.append({"run_id": f"p{pi}", "prompt_idx": pi, "start_step": k, "strength": 1.0, "step": s,
+                             "kl_to_base": (0.1 * (s - k + 1) + 0.01 * pi) if on else 0.0, "token_changed": on})
+    summ = decay_summary(pl.DataFrame(rows), window=3)
+    k1, k4 = summ.filter(pl.col("start_step") == 1).row(0, named=True), summ.filter(pl.col("start_step") == 4).row(0, named=True)
+    assert k1["steps_counted"] == k4["steps_counted"] == 3 and k1["n_runs"] == k4["n_runs"] == 4
+    assert k1["effect"] == pytest.approx(k4["effect"])  # same growth from onset: no depth effect
+    # the same absolute steps 4..6 under a vector on since step 1 carry 3 more steps of accumulation
+    assert k4["from_step1_kl"] == pytest.approx(k4["effect"] + 0.3)
+    assert k4["effect_lo"] <= k4["effect"] <= k4["effect_hi"]
+    k9 = summ.filter(pl.col("start_step") == 9).row(0, named=True)
+    assert k9["n_runs"] == 0 and k9["n_short"] == 4
 
 
 def test_sweep_keeps_rows_when_cancelled(tiny_models):

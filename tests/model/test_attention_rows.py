@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import trajscope as ts
-from conftest import FAMILIES, build_tiny_model, hf_reference
+from tiny import FAMILIES, build_tiny_model, hf_reference
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FAMILIES, hf_reference
+from tiny import FAMILIES, hf_reference
 from trajscope.errors import TrajscopeError
 
 PROMPT = "def fibonacci(n):\n    return n"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import trajscope as ts
-from conftest import FAMILIES, hf_reference
+from tiny import FAMILIES, hf_reference
 from trajscope.metrics import eviction as ev
 from trajscope.studies.eviction import eviction, first_divergence
 

@@ -43,7 +43,7 @@ def test_drift_settings_compute_and_explain(llama, profile_path):
     assert ds.drift is not None and ds.drift.height == 2 * (len(traj.token_ids) - 1)
     assert set(ds.thresholds) == {0, 1} and ds.fpr == 0.05
     ds.compute(ts.capture(llama, "import os\n", max_new_tokens=2))
-    assert ds.drift is None and "layers to keep" in ds.message
+    assert ds.drift is None and "kept no residual vectors" in ds.message
     ds.profile_path = "/nope.safetensors"
     ds.compute(traj)
     assert "No profile at" in ds.message
@@ -85,10 +85,11 @@ def test_effect_and_decay_plots():
     curves = ap.effect_curves(steps)
     first = [el for el in curves if el.__class__.__name__ == "Curve"][0]
     assert first.dimension_values(1).tolist()[1:] == [0.5, 0.25]
-    dec = ap.decay_plot(decay_summary(steps, window=2))
+    dec = ap.decay_plot(decay_summary(steps, window=1))  # equal windows: one steered step for each depth
     pts = [el for el in dec if el.__class__.__name__ == "Scatter"][0]
     assert pts.dimension_values(0).tolist() == [1, 2]
-    assert pts.dimension_values(1).tolist() == pytest.approx([0.375, 0.4])
+    assert pts.dimension_values(1).tolist() == pytest.approx([0.5, 0.4])
+    assert "1 prompt" in dec.opts.get().kwargs["title"]
 
 
 def test_steering_view_runs_off_the_event_loop(llama, tmp_path):

@@ -176,10 +176,8 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
     hf = model._local("This forward (splice, key mask or KV cache)")
     dev = _device(hf)
     masks = None
-    if key_mask is not None and bool(torch.as_tensor(key_mask).all()):
-        key_mask = None  # nothing hidden: the plain forward, bit for bit
-    if key_mask is not None:
-        km = expand_key_mask(key_mask, model.n_layers, model.n_heads, offset + T)
+    km = None if key_mask is None else expand_key_mask(key_mask, model.n_layers, model.n_heads, offset + T)
+    if km is not None and not bool(km.all()):  # an all-visible mask is the plain forward, bit for bit
         masks = additive_masks(km, torch.arange(offset, offset + T), offset + T, P if mask_from is None else mask_from,
                                next(hf.parameters()).dtype, dev)
     grabbed: dict[int, torch.Tensor] = {}

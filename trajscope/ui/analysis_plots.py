@@ -117,23 +117,30 @@ def effect_curves(steps: pl.DataFrame, strength: float | None = None) -> hv.Over
 
 
 def decay_plot(summary: pl.DataFrame) -> hv.Overlay:
-    """Effect size (mean KL over the first steered steps) against start depth, ± spread across runs.
+    """Effect (mean KL over an equal window of steered steps) against start depth, with its interval.
 
     Args:
-        summary: :func:`trajscope.metrics.steering.decay_summary` output.
+        summary: :func:`trajscope.metrics.steering.decay_summary` output (depths whose window does not fit
+            the run are listed in its ``n_short`` and not drawn).
     """
     items = []
-    for i, strength in enumerate(sorted(summary["strength"].unique().to_list())):
-        sub = summary.filter(pl.col("strength") == strength).sort("start_step")
+    full = summary.filter(pl.col("n_runs") > 0) if "n_runs" in summary.columns else summary
+    n_prompts = int(full["n_prompts"].max() or 0) if "n_prompts" in full.columns and full.height else 0
+    for i, strength in enumerate(sorted(full["strength"].unique().to_list())):
+        sub = full.filter(pl.col("strength") == strength).sort("start_step")
         x, y = sub["start_step"].to_numpy(), sub["effect_mean"].to_numpy()
-        err = np.nan_to_num(sub["effect_std"].to_numpy())
         color = LAYER_COLORS[i % len(LAYER_COLORS)]
         items.append(hv.Curve((x, y), "start step", "effect", label=f"strength {strength:g}").opts(color=color))
         items.append(hv.Scatter((x, y), "start step", "effect").opts(color=color, size=8, tools=["hover"]))
-        items.append(hv.ErrorBars((x, y, err), "start step", ["effect", "spread"]).opts(color=color))
-    return hv.Overlay(items).opts(
-        responsive=True, height=260, logx=True, legend_position="right", xlabel="steering starts at decode step k",
-        ylabel="mean KL over first steered steps (nats)", title="Decay: effect vs start depth (± s.d. across prompts)")
+        if n_prompts > 1 and "effect_lo" in sub.columns:
+            lo, hi = sub["effect_lo"].to_numpy(), sub["effect_hi"].to_numpy()
+            items.append(hv.ErrorBars((x, y, y - lo, hi - y), "start step", ["effect", "neg", "pos"]).opts(color=color))
+    window = int(full["steps_counted"].max()) if "steps_counted" in full.columns and full.height else 0
+    spread = (f"95% interval across {n_prompts} prompts" if n_prompts > 1
+              else "1 prompt: no interval — sweep more prompts for one")
+    return hv.Overlay(items or [hv.Curve([])]).opts(
+        responsive=True, height=280, logx=True, legend_position="right", xlabel="steering starts at decode step k",
+        ylabel=f"mean KL over {window} steered steps", title=f"Effect vs start depth, equal windows ({spread})")
 
 
 def no_data(message: str) -> hv.Text:
