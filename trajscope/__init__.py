@@ -3,14 +3,15 @@
 The public API is this short list; everything else is an implementation detail.
 
 - :func:`load_model` opens a model (the shipped sample, a local directory, a cached
-  Hugging Face name, or an NDIF model) through nnsight.
+  Hugging Face name, or an NDIF model) through nnsight; the :class:`ModelHandle` is the one
+  boundary that runs it.
 - :func:`capture` runs prefill + decode and records every step as a :class:`Trajectory`;
   a frozen :class:`CaptureConfig` says what is recorded and how it samples.
 - :class:`Trajectory` holds the tables (Polars) and optional tensors, and saves to /
   loads from a run directory.
 - :class:`StepEvent` is what the streaming callback of :func:`capture` receives.
 - :class:`SteeringVector` steers one block's output from a chosen decode step;
-  :func:`steering_sweep` measures how its effect decays with the start depth.
+  :func:`steering_sweep` measures its onset and accumulated effect by start depth.
 - :func:`build_profile` fits a prefill :class:`ReferenceProfile`; a :class:`DriftProbe` scores
   decode steps against it while :func:`capture` runs.
 - :func:`compare` builds a standalone HTML comparison report of runs (a :class:`Comparison`);
