@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from trajscope import positions
 import torch
 
 
@@ -59,7 +60,7 @@ def step_effects(base_logits: torch.Tensor, steered_logits: torch.Tensor, resid_
     """
     T = base_logits.shape[0]
     pos = np.arange(prompt_len - 1, T)
-    step = pos - prompt_len + 1
+    step = positions.query_step(pos, prompt_len)
     kl = kl_divergence(base_logits[pos], steered_logits[pos]).numpy()
     if targets:
         idx = torch.tensor(targets)

@@ -37,6 +37,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.metrics import eviction as ev
 from trajscope.metrics.bands import depth_band_expr
 from trajscope.trajectory import write_table
+from trajscope import positions
 
 TABLES = ("eviction_kept", "eviction_steps", "eviction_rerun")
 
@@ -117,7 +118,7 @@ def _rerun(model, traj, sel: ev.Selection, full_logits: torch.Tensor, run_id: st
     lp_full, lp_masked = full_logits[P - 1:].log_softmax(-1), masked[P - 1:].log_softmax(-1)
     kl = (lp_full.exp() * (lp_full - lp_masked)).sum(-1).clamp_min(0.0)
     free = model.masked_decode(ids[:P], n_new, mask)
-    agree = [free[P + s] == ids[P + s] for s in range(n_new)]
+    agree = [free[positions.produced_pos(s, P)] == ids[positions.produced_pos(s, P)] for s in range(n_new)]
     return pl.DataFrame({"run_id": [run_id] * n_new, "policy": [sel.policy] * n_new,
                          "budget": [float(sel.budget)] * n_new, "step": list(range(n_new)),
                          "kl_to_full": kl[:n_new].double().tolist(), "token_agrees": agree},

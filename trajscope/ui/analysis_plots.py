@@ -19,6 +19,7 @@ import holoviews as hv
 import numpy as np
 import polars as pl
 
+from trajscope import positions
 from trajscope.ui.plots import CURSOR_COLOR, visible
 
 LAYER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -80,7 +81,7 @@ def aligned_continuations(base: pl.DataFrame, steered: pl.DataFrame, prompt_len:
     diverged = False
     rows = []
     for pos in range(prompt_len, last + 1):
-        step = pos - prompt_len
+        step = positions.produced_at_step(pos, prompt_len)
         bt, st = b.get(pos), s.get(pos)
         differs = bt != st
         first = differs and not diverged

@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 from bokeh.core.properties import value
 
+from trajscope import positions
 from trajscope.metrics.attention import TELEMETRY_FIELDS
 from trajscope.metrics.next_token import step_outputs
 
@@ -231,7 +232,8 @@ def attention_cursor_box(step: int, prompt_len: int, n_keys: int) -> dict:
     Returns:
         ``{left, right, bottom, top}`` in heatmap coordinates (key pos, query pos).
     """
-    lo, hi = (0, prompt_len - 1) if step == 0 else (prompt_len + step - 1, prompt_len + step - 1)
+    rows = positions.query_positions(step, prompt_len)
+    lo, hi = rows[0], rows[-1]
     return {"left": -0.5, "right": n_keys - 0.5, "bottom": lo - 0.5, "top": hi + 0.5}
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import param
 import polars as pl
 
+from trajscope import positions
 from trajscope.errors import TrajscopeError
 from trajscope.metrics.attention import TELEMETRY_FIELDS, step_queries
 from trajscope.trajectory import Trajectory
@@ -118,7 +119,7 @@ class AppState(param.Parameterized):
     @property
     def query_pos(self) -> int:
         """Position of the current step's query (the last prompt token at step 0)."""
-        return self.prompt_len - 1 if self.step == 0 else self.prompt_len + self.step - 1
+        return positions.query_pos(self.step, self.prompt_len)
 
     @property
     def queries(self) -> pl.DataFrame:
@@ -129,7 +130,7 @@ class AppState(param.Parameterized):
 
     def step_for_pos(self, pos: int) -> int:
         """The step at which position ``pos`` is the query, clamped to the run's steps."""
-        return min(max(0, int(pos) - self.prompt_len + 1), self.n_steps - 1) if self.n_steps else 0
+        return min(positions.query_step(int(pos), self.prompt_len), self.n_steps - 1) if self.n_steps else 0
 
     # -- actions -------------------------------------------------------------------------------
     def set_trajectory(self, traj: Trajectory, step: int | None = None) -> None:

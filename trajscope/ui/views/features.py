@@ -20,6 +20,7 @@ import param
 import polars as pl
 import torch
 
+from trajscope import positions
 from trajscope.errors import TrajscopeError
 from trajscope.model import sample_data_dir
 from trajscope.ui.plots import CURSOR_COLOR
@@ -140,7 +141,7 @@ class FeaturesView(StateView):
         if self._enc is None:
             return pn.pane.Alert(self.message or "No features.", alert_type="secondary")
         P = self.state.trajectory.prompt_len
-        pos = P - 1 if step == 0 else P + step - 1
+        pos = positions.query_pos(step, P)
         return pn.Row(pn.pane.HoloViews(top_features_plot(self._enc["features"], pos, step), sizing_mode="stretch_width"),
                       pn.pane.HoloViews(error_plot(self._enc["rel_err"], P, pos), sizing_mode="stretch_width"),
                       sizing_mode="stretch_width")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import panel as pn
 import polars as pl
 
+from trajscope import positions
 from trajscope.ui.plots import visible
 from trajscope.ui.views._base import StateView
 from trajscope.ui.views.keys import ArrowKeys
@@ -22,13 +23,14 @@ def describe_step(state) -> str:
         return "No run yet: press **Generate** or open a run directory."
     P, s = traj.prompt_len, state.step
     toks = traj.tokens
-    produced = toks.filter(pl.col("pos") == P + s)
-    prod = f" → produced `{visible(produced['text'][0])}` (pos {P + s})" if len(produced) else ""
+    out_pos, q_pos = positions.produced_pos(s, P), positions.query_pos(s, P)
+    produced = toks.filter(pl.col("pos") == out_pos)
+    prod = f" → produced `{visible(produced['text'][0])}` (pos {out_pos})" if len(produced) else ""
     if s == 0:
         return f"**Step 0 / {state.n_steps - 1} — prefill**: the {P} prompt positions at once{prod}"
-    q = toks.filter(pl.col("pos") == P + s - 1)
+    q = toks.filter(pl.col("pos") == q_pos)
     qt = visible(q["text"][0]) if len(q) else "?"
-    return f"**Step {s} / {state.n_steps - 1} — decode**: query `{qt}` at pos {P + s - 1}{prod}"
+    return f"**Step {s} / {state.n_steps - 1} — decode**: query `{qt}` at pos {q_pos}{prod}"
 
 
 class StepPlayer(StateView):

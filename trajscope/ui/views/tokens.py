@@ -12,6 +12,7 @@ import holoviews as hv
 import panel as pn
 import polars as pl
 
+from trajscope import positions
 from trajscope.metrics.position_zscore import position_zscore
 from trajscope.ui import plots
 from trajscope.ui.state import TOKEN_METRICS
@@ -52,7 +53,7 @@ class TokenStrip(StateView):
         P = traj.prompt_len
 
         def props(step):
-            return plots.token_cursor_boxes(layout, P - 1 if step == 0 else P + step - 1, P + step)
+            return plots.token_cursor_boxes(layout, positions.query_pos(step, P), positions.produced_pos(step, P))
 
         self.cursor = Cursor([box(line_width=3), box(line_width=2, line_dash="dashed")], props)
         self.cursor.step = st.step
