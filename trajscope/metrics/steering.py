@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from trajscope import positions
 import torch
+
+from trajscope import positions
 
 
 def kl_divergence(base_logits: torch.Tensor, steered_logits: torch.Tensor) -> torch.Tensor:
