@@ -32,12 +32,12 @@ from typing import Any, Callable, Sequence
 import polars as pl
 import torch
 
+from trajscope import positions
 from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
 from trajscope.metrics import eviction as ev
 from trajscope.metrics.bands import depth_band_expr
 from trajscope.trajectory import write_table
-from trajscope import positions
 
 TABLES = ("eviction_kept", "eviction_steps", "eviction_rerun")
 
