@@ -1,109 +1,246 @@
-"""trajscope.stats against known answers: coverage of a known mean, a null that centres on the truth,
-trajectory-level false alarms at their target, and honest splits."""
+"""Known-answer tests for trajscope.stats: coverage, nulls, calibration, splits.
+
+Simulations are seeded and small (a few seconds in all). Each known-answer test
+also checks that the wrong method (row bootstrap, mismatched n, step-level
+calibration) fails the same check, so the check has the power to fail.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
-from trajscope import stats
 from trajscope.errors import TrajscopeError
+from trajscope.stats import (Interval, binomial_interval, bootstrap_frame, calibrate_max, cluster_bootstrap,
+                             false_alarm_rate, matched_null, split_ids)
 
 
-def clustered(rng, n_clusters=20, per=8, mu=1.0):
-    """Values with a shared random effect per cluster (so rows of one cluster are correlated)."""
-    eff = rng.normal(0, 1.0, n_clusters)
-    vals = np.concatenate([mu + e + rng.normal(0, 0.5, per) for e in eff])
-    return vals, np.repeat(np.arange(n_clusters), per)
+def clustered_sample(rng: np.random.Generator, n_clusters: int = 40, mu: float = 0.5):
+    """Rows ``mu + u_c + e`` with cluster effect u_c ~ N(0, 1), noise e ~ N(0, 1), 2–19 rows per cluster."""
+    sizes = rng.integers(2, 20, size=n_clusters)
+    clusters = np.repeat(np.arange(n_clusters), sizes)
+    values = mu + rng.normal(size=n_clusters)[clusters] + rng.normal(size=clusters.size)
+    return values, clusters
 
 
-def test_cluster_bootstrap_covers_the_true_mean_at_its_level():
-    rng = np.random.default_rng(0)
-    reps, level = 300, 0.9
+def coverage(n_rep: int, level: float, use_clusters: bool, mu: float = 0.5) -> float:
     hits = 0
-    for i in range(reps):
-        v, c = clustered(rng)
-        iv = stats.cluster_bootstrap(v, c, level=level, n_boot=300, seed=i)
-        hits += iv.lo <= 1.0 <= iv.hi
-    rate = hits / reps
-    se = np.sqrt(level * (1 - level) / reps)
-    # percentile cluster bootstrap with 20 clusters under-covers slightly; allow 3 SE below, 2 above
-    assert level - 3 * se - 0.03 <= rate <= level + 2 * se, rate
+    for rep in range(n_rep):
+        values, clusters = clustered_sample(np.random.default_rng(rep), mu=mu)
+        iv = cluster_bootstrap(values, clusters if use_clusters else None, level=level, n_boot=200, seed=rep)
+        hits += iv.lo <= mu <= iv.hi
+    return hits / n_rep
 
 
-def test_ignoring_clusters_would_under_cover():
-    """Control: treating correlated rows as independent gives intervals far too narrow."""
-    rng = np.random.default_rng(1)
-    hits = 0
-    for i in range(100):
-        v, _ = clustered(rng)
-        iv = stats.cluster_bootstrap(v, None, level=0.9, n_boot=200, seed=i)
-        hits += iv.lo <= 1.0 <= iv.hi
-    assert hits / 100 < 0.7
+# --- bootstrap -------------------------------------------------------------------------------
+
+def test_cluster_bootstrap_covers_true_mean_at_stated_rate():
+    n_rep, level = 300, 0.90
+    tol = 3 * math.sqrt(level * (1 - level) / n_rep)  # ≈ 0.052
+    cov = coverage(n_rep, level, use_clusters=True)
+    assert abs(cov - level) <= tol, f"cluster bootstrap coverage {cov:.3f} vs {level} ± {tol:.3f}"
+    # Power: resampling rows ignores the shared prompt effect and covers far too rarely.
+    naive = coverage(n_rep, level, use_clusters=False)
+    assert naive < level - tol, f"row bootstrap coverage {naive:.3f} should fall well short of {level}"
 
 
-def test_bootstrap_statistic_path_and_frame():
-    rng = np.random.default_rng(2)
-    v, c = clustered(rng)
-    fast = stats.cluster_bootstrap(v, c, n_boot=400, seed=3)
-    slow = stats.cluster_bootstrap(v, c, statistic=np.mean, n_boot=400, seed=3)
-    assert fast.estimate == pytest.approx(slow.estimate) and abs(fast.lo - slow.lo) < 1e-9
-    df = pl.DataFrame({"g": ["a"] * 80 + ["b"] * 80, "x": v, "run_id": c})
-    out = stats.bootstrap_frame(df, "x", by=["g"], n_boot=200)
-    assert out.columns == ["g", "x", "x_lo", "x_hi", "n", "n_clusters"] and (out["x_lo"] <= out["x"]).all()
-    assert str(fast).count("[") == 1
+def test_cluster_bootstrap_fast_mean_matches_generic_path_and_ignores_row_order():
+    values, clusters = clustered_sample(np.random.default_rng(7))
+    fast = cluster_bootstrap(values, clusters, n_boot=300, seed=3)
+    generic = cluster_bootstrap(values, clusters, statistic=lambda v: float(np.mean(v)), n_boot=300, seed=3)
+    assert fast.estimate == pytest.approx(values.mean())
+    assert (fast.lo, fast.hi) == pytest.approx((generic.lo, generic.hi), abs=1e-12)
+    perm = np.random.default_rng(1).permutation(values.size)
+    shuffled = cluster_bootstrap(values[perm], clusters[perm], n_boot=300, seed=3)
+    assert (shuffled.lo, shuffled.hi) == pytest.approx((fast.lo, fast.hi), abs=1e-12)
+    assert fast.lo < fast.estimate < fast.hi and fast.n_clusters == 40 and fast.n_boot == 300
 
 
-def _jaccard_topk(a, b, k=10):
-    ca, cb = (a > 0).sum(0), (b > 0).sum(0)
-    ta, tb = set(np.argsort(-ca, kind="stable")[:k]), set(np.argsort(-cb, kind="stable")[:k])
+def test_cluster_bootstrap_other_statistic_and_single_cluster():
+    values, clusters = clustered_sample(np.random.default_rng(2))
+    med = cluster_bootstrap(values, clusters, statistic=np.median, n_boot=200)
+    assert med.estimate == pytest.approx(np.median(values)) and med.lo < med.estimate < med.hi
+    one = cluster_bootstrap([1.0, 2.0, 3.0], ["p0"] * 3)
+    assert one.estimate == 2.0 and math.isnan(one.lo) and math.isnan(one.hi) and one.n_clusters == 1
+
+
+def test_interval_formatting():
+    iv = Interval(0.1234, 0.1011, 0.15, 0.95, 12, 1000)
+    assert str(iv) == "0.123 [0.101, 0.150]"
+    assert iv.fmt(2) == "0.12 [0.10, 0.15]"
+    assert iv.to_dict() == {"estimate": 0.1234, "lo": 0.1011, "hi": 0.15, "level": 0.95, "n_clusters": 12,
+                            "n_boot": 1000}
+
+
+def test_bootstrap_frame_groups_match_direct_calls():
+    rng = np.random.default_rng(4)
+    frames = []
+    for layer in (0, 1):
+        values, clusters = clustered_sample(rng, n_clusters=15, mu=float(layer))
+        frames.append(pl.DataFrame({"layer": layer, "prompt_id": [f"p{c}" for c in clusters], "fvu": values}))
+    df = pl.concat(frames)
+    out = bootstrap_frame(df.reverse(), "fvu", by=["layer"], n_boot=200, seed=5)
+    assert out.columns == ["layer", "fvu", "fvu_lo", "fvu_hi", "n", "n_clusters"]
+    assert out["layer"].to_list() == [0, 1]
+    for row in out.iter_rows(named=True):
+        g = df.filter(pl.col("layer") == row["layer"])
+        iv = cluster_bootstrap(g["fvu"].to_numpy(), g["prompt_id"].to_numpy(), n_boot=200, seed=5)
+        assert (row["fvu"], row["fvu_lo"], row["fvu_hi"]) == pytest.approx((iv.estimate, iv.lo, iv.hi))
+        assert row["n"] == g.height and row["n_clusters"] == 15
+    overall = bootstrap_frame(df.lazy(), "fvu", n_boot=200)
+    assert overall.height == 1 and overall["n_clusters"][0] == 15  # p0..p14 shared by both layers
+
+
+# --- matched-n null ---------------------------------------------------------------------------
+
+D_FEATURES, TOP_K = 300, 20
+RATES = 0.4 * np.arange(1, D_FEATURES + 1) ** -0.7
+
+
+def feature_rows(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Binary SAE-like activations ``[n, d]``; feature i fires with probability RATES[i]."""
+    return (rng.random((n, D_FEATURES)) < RATES).astype(np.float32)
+
+
+def topk_jaccard(a, b) -> float:
+    """Jaccard of the top-k features by activation frequency (independent of trajscope.metrics)."""
+    ta = set(np.argsort(-np.asarray(a).sum(0), kind="stable")[:TOP_K].tolist())
+    tb = set(np.argsort(-np.asarray(b).sum(0), kind="stable")[:TOP_K].tolist())
     return len(ta & tb) / len(ta | tb)
 
 
-def test_matched_null_centres_on_the_overlap_of_two_samples_of_one_distribution():
-    rng = np.random.default_rng(4)
-    rates = rng.uniform(0.01, 0.3, 60)
-    draw = lambda n: (rng.random((n, 60)) < rates).astype(float)  # noqa: E731
-    reference, other = draw(2000), draw(150)
-    observed = _jaccard_topk(draw(150), other)
-    null = stats.matched_null(reference, 150, _jaccard_topk, n_resamples=200, seed=5)
-    assert null.contains(observed) and abs(null.mean - observed) < 0.25
-    shifted = (rng.random((150, 60)) < rates[::-1]).astype(float)  # a different distribution falls outside
-    assert not null.contains(_jaccard_topk(draw(150), shifted))
-    with pytest.raises(TrajscopeError, match="use n ≤ 1000"):
-        stats.matched_null(reference, 1500, _jaccard_topk)
+def test_matched_null_centres_on_overlap_of_two_samples_from_one_distribution():
+    n = 150
+    reference = feature_rows(np.random.default_rng(100), 3000)
+    null = matched_null(reference, n, topk_jaccard, n_resamples=200, level=0.95, seed=1)
+    observed = np.array([topk_jaccard(feature_rows(np.random.default_rng(s), n),
+                                      feature_rows(np.random.default_rng(1000 + s), n)) for s in range(40)])
+    assert null.lo <= observed[0] <= null.hi
+    assert np.mean((observed >= null.lo) & (observed <= null.hi)) >= 0.85
+    tol = 3 * math.sqrt(observed.var(ddof=1) / observed.size + null.samples.var(ddof=1) / null.n_resamples)
+    assert abs(observed.mean() - null.mean) <= tol, (observed.mean(), null.mean, tol)
+    # Power: a null at the wrong sample size (4n per side) sits clearly elsewhere.
+    wrong = matched_null(reference, 4 * n, topk_jaccard, n_resamples=100, seed=1)
+    assert abs(observed.mean() - wrong.mean) > 2 * tol, (observed.mean(), wrong.mean, tol)
 
 
-def test_trajectory_calibration_keeps_held_out_false_alarms_at_target():
-    rng = np.random.default_rng(6)
-    target = 0.05
-    run = lambda: rng.normal(0, 1, size=(60, 6)).ravel()  # noqa: E731  a prefill-like run: 60 steps × 6 layers
-    thr = stats.calibrate_max([run() for _ in range(400)], target)
-    rate, se = stats.false_alarm_rate([run() for _ in range(2000)], thr)
-    assert abs(rate - target) <= 2 * se + 0.01, (rate, se)
-    per_step_thr = float(np.quantile(rng.normal(0, 1, 100_000), 1 - target))  # the uncorrected rule
-    naive, _ = stats.false_alarm_rate([run() for _ in range(500)], per_step_thr)
-    assert naive > 0.9  # a per-(step, layer) threshold flags almost every prefill-like run
-    with pytest.raises(TrajscopeError, match="calibration runs"):
-        stats.calibrate_max([run() for _ in range(5)], 0.01)
+def test_matched_null_disjoint_sides_torch_and_clusters():
+    seen = []
+
+    def record(a, b):
+        seen.append((a, b))
+        return float(len(set(a[:, 0].tolist()) & set(b[:, 0].tolist())))
+
+    ids = torch.arange(40, dtype=torch.float64)
+    ref = torch.stack([ids, ids * 2], 1)  # row i has id i
+    null = matched_null(ref, 20, record, n_resamples=5)
+    assert null.mean == 0.0 and len(seen) == 5
+    assert all(isinstance(a, torch.Tensor) and a.shape == (20, 2) and b.shape == (20, 2) for a, b in seen)
+    assert sum(len(set(a[:, 0].tolist()) | set(b[:, 0].tolist())) for a, b in seen) == 5 * 40
+
+    prompts = np.repeat(np.arange(12), np.arange(1, 13))  # cluster k has k+1 rows: 78 rows
+    ref_np = np.column_stack([prompts, np.arange(prompts.size)]).astype(float)
+    seen.clear()
+    null = matched_null(ref_np, 30, record, n_resamples=50, clusters=prompts, seed=3)
+    assert null.mean == 0.0, "sides must never share a prompt"
+    assert all(len(a) == len(b) == 30 for a, b in seen)
+    assert len({tuple(sorted(set(a[:, 0].tolist()))) for a, _ in seen}) > 1  # clusters really are reshuffled
+    diff = lambda a, b: float(a[:, 1].sum() - b[:, 1].sum())  # noqa: E731
+    first, again = (matched_null(ref_np, 30, diff, clusters=prompts, n_resamples=20, seed=3) for _ in range(2))
+    assert np.array_equal(first.samples, again.samples) and first.samples.std() > 0  # seeded, not constant
 
 
-def test_split_ids_are_disjoint_complete_and_order_free():
-    ids = [f"p{i}" for i in range(20)]
-    a = stats.split_ids(ids, seed=1)
-    b = stats.split_ids(list(reversed(ids)), seed=1)
-    assert a == {k: sorted(v, key=ids.index) for k, v in b.items()} or a == b
-    flat = [x for v in a.values() for x in v]
-    assert sorted(flat) == sorted(ids) and len(flat) == len(set(flat))
-    assert [len(a[k]) for k in ("fit", "calibrate", "evaluate")] == [10, 5, 5]
-    with pytest.raises(TrajscopeError, match="sum to 1"):
-        stats.split_ids(ids, fractions=(0.5, 0.2, 0.2))
-    with pytest.raises(TrajscopeError, match="at least one"):
-        stats.split_ids(["a", "b"])
+# --- trajectory-level calibration -----------------------------------------------------------
+
+def prefill_like_runs(rng: np.random.Generator, n_runs: int, steps: int = 8, layers: int = 4) -> list[np.ndarray]:
+    """Runs of i.i.d. per-(step, layer) scores with a per-run offset (runs are not all alike)."""
+    return [rng.normal(size=(steps, layers)) + rng.normal(scale=0.5) for _ in range(n_runs)]
 
 
-def test_wilson_interval():
-    lo, hi = stats.binomial_interval(5, 100)
-    assert 0.02 < lo < 0.05 < hi < 0.12
-    assert stats.binomial_interval(0, 10)[0] == pytest.approx(0.0, abs=1e-12)
+def test_calibrate_max_uses_the_conformal_order_statistic():
+    runs = [np.array([[0.0, m]]) for m in [5, 3, 9, 1, 7, 2, 8, 4, 6]]  # maxima 1..9, n = 9
+    assert calibrate_max(runs, 0.1) == 9.0   # ceil(10 · 0.9) = 9th smallest
+    assert calibrate_max(runs, 0.2) == 8.0   # ceil(10 · 0.8) = 8th smallest
+    assert calibrate_max(runs, 0.25) == 8.0  # ceil(7.5) = 8th, the conservative side
+    assert false_alarm_rate(runs, 8.0) == pytest.approx((1 / 9, math.sqrt((1 / 9) * (8 / 9) / 9)))
+
+
+def test_calibrate_max_false_alarm_rate_on_held_out_runs():
+    target = 0.1
+    # One split: calibration 999 runs ((n+1)·target integral, so the expected rate is exactly target).
+    rng = np.random.default_rng(0)
+    threshold = calibrate_max(prefill_like_runs(rng, 999), target)
+    rate, se = false_alarm_rate(prefill_like_runs(rng, 1000), threshold)
+    se_total = math.sqrt(se ** 2 + target * (1 - target) / 1001)  # + spread of the calibrated threshold
+    assert abs(rate - target) <= 2 * se_total, (rate, se, se_total)
+    # Averaged over seeds: the mean held-out rate is the target within its standard error (3 SE band).
+    rates, step_level = [], []
+    for seed in range(100):
+        rng = np.random.default_rng(seed + 1)
+        cal, held = prefill_like_runs(rng, 99), prefill_like_runs(rng, 100)
+        rates.append(false_alarm_rate(held, calibrate_max(cal, target))[0])
+        # Power: a per-score (step-level) quantile ignores the max over 32 scores per run.
+        per_score = float(np.quantile(np.concatenate([r.ravel() for r in cal]), 1 - target))
+        step_level.append(false_alarm_rate(held, per_score)[0])
+    rates = np.array(rates)
+    se_mean = rates.std(ddof=1) / math.sqrt(rates.size)
+    assert abs(rates.mean() - target) <= 3 * se_mean, (rates.mean(), se_mean)
+    assert np.mean(step_level) > 0.5
+
+
+def test_binomial_interval_matches_scipy_wilson():
+    from scipy.stats import binomtest
+    for k, n, level in [(0, 10, 0.95), (5, 10, 0.95), (3, 40, 0.9), (40, 40, 0.99)]:
+        iv = binomial_interval(k, n, level)
+        ref = binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
+        assert (iv.lo, iv.hi) == pytest.approx((ref.low, ref.high), abs=1e-9)
+        assert iv.estimate == k / n and iv.n_clusters == n and iv.n_boot == 0
+
+
+# --- held-out splits --------------------------------------------------------------------------
+
+def test_split_ids_disjoint_complete_deterministic():
+    ids = [f"prompt{i:03d}" for i in range(101)]
+    parts = split_ids(ids, seed=4)
+    assert list(parts) == ["fit", "calibrate", "evaluate"]
+    assert [len(p) for p in parts.values()] == [51, 25, 25]
+    flat = [i for p in parts.values() for i in p]
+    assert sorted(flat) == ids and len(set(flat)) == len(flat)
+    shuffled = list(reversed(ids)) + ids[:10]  # order and duplicates do not change membership
+    assert split_ids(shuffled, seed=4) == parts
+    assert split_ids(np.array(ids), seed=4) == parts
+    assert split_ids(ids, seed=5) != parts
+    tiny = split_ids([3, 1, 2], fractions=(0.9, 0.05, 0.05))
+    assert sorted(len(p) for p in tiny.values()) == [1, 1, 1]
+    two = split_ids(range(10), fractions=(0.7, 0.3), names=("fit", "evaluate"))
+    assert [len(p) for p in two.values()] == [7, 3]
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: split_ids(range(10), fractions=(0.5, 0.3, 0.3)), "sum to 1"),
+    (lambda: split_ids(range(10), fractions=(0.5, 0.5), names=("a", "b", "c")), "one distinct name"),
+    (lambda: split_ids([1, 2]), "at least 3 distinct ids"),
+    (lambda: split_ids([]), "at least 3 distinct ids"),
+    (lambda: split_ids(["a", 1, 2]), "one sortable type"),
+    (lambda: matched_null(np.zeros((10, 3)), 6, topk_jaccard), r"smaller n \(at most 5\)"),
+    (lambda: matched_null(np.zeros((10, 3)), 4, topk_jaccard, clusters=[0] * 5 + [1] * 5), "smaller n"),
+    (lambda: matched_null(np.zeros((0, 3)), 1, topk_jaccard), "empty"),
+    (lambda: cluster_bootstrap([]), "empty"),
+    (lambda: cluster_bootstrap([1.0, float("nan")]), "NaN"),
+    (lambda: cluster_bootstrap([1.0, 2.0], [0]), "one label per value"),
+    (lambda: cluster_bootstrap([1.0, 2.0], level=95), "between 0 and 1"),
+    (lambda: calibrate_max([], 0.1), "No runs"),
+    (lambda: calibrate_max([np.ones(3)] * 5, 0.1), "at least 9 calibration runs"),
+    (lambda: calibrate_max([np.ones(3), np.array([])], 0.5), "no scores"),
+    (lambda: bootstrap_frame(pl.DataFrame({"x": [1.0]}), "x", by=["layer"]), "not in the table"),
+    (lambda: binomial_interval(5, 3), "0 ≤ k ≤ n"),
+])
+def test_bad_input_raises_one_helpful_sentence(call, words):
+    with pytest.raises(TrajscopeError, match=words):
+        call()

@@ -139,10 +139,12 @@ def decay_summary(steps: pl.DataFrame, window: int = 10, level: float = 0.95, n_
                "steps_counted": window}
         for m in ("effect", "onset_kl", "from_step1_kl", "changed_frac"):
             vals = part[m].cast(pl.Float64).to_numpy()
-            if np.isnan(vals).all() if len(vals) else True:
+            ok = ~np.isnan(vals)
+            if not ok.any():
                 row.update({m: None, f"{m}_lo": None, f"{m}_hi": None})
                 continue
-            iv = cluster_bootstrap(vals, part[cluster].to_list(), level=level, n_boot=n_boot)
+            labels = [c for c, keep in zip(part[cluster].to_list(), ok) if keep]
+            iv = cluster_bootstrap(vals[ok], labels, level=level, n_boot=n_boot)
             row.update({m: iv.estimate, f"{m}_lo": iv.lo, f"{m}_hi": iv.hi})
         row.update(effect_mean=row["effect"], effect_std=part["effect"].std(), onset_kl_mean=row["onset_kl"],
                    end_kl_mean=part["end_kl"].mean(), half_life_median=part["half_life"].median())
