@@ -52,7 +52,7 @@ def test_folder_of_runs_scans_as_one_dataset(tiny_models, tmp_path):
 
 
 def test_missing_tensor_layer_is_explained(traj):
-    with pytest.raises(ts.TrajscopeError, match=r"layer 0 were not kept \(kept: \[1\]\)"):
+    with pytest.raises(ts.TrajscopeError, match=r"layer 0 were not kept \(kept: \[1\]\) in this run"):
         traj.attention_rows(0)
 
 

@@ -141,7 +141,7 @@ class Trajectory:
         key = f"{kind}.{layer}"
         if key not in self.tensors:
             kept = sorted(int(k.split(".")[1]) for k in self.tensors if k.startswith(kind + "."))
-            raise TrajscopeError(f"{kind.capitalize()} tensors of layer {layer} were not kept in this run (kept: {kept}); "
+            raise TrajscopeError(f"{kind.capitalize()} tensors of layer {layer} were not kept (kept: {kept}) in this run; "
                                  f"capture with {arg}=[{layer}] or 'all'.")
         return self.tensors[key]
 

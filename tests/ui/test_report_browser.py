@@ -20,7 +20,7 @@ def test_report_renders_offline(sample_model, tmp_path, page):
     page.on("request", lambda r: requests.append(r.url))
     page.goto(path.as_uri())
     # Bokeh draws into canvases inside shadow roots; Playwright's locators pierce them.
-    page.locator("canvas").nth(6).wait_for(state="attached", timeout=30_000)
+    page.locator("canvas").nth(6).wait_for(state="attached", timeout=90_000)  # slow under a full suite on 2 cores
     assert page.locator(".bk-Canvas").count() >= 7  # 3 attention + 2 residual + 2 steering plots
     assert page.get_by_text("Generated tokens by step").is_visible()
     assert page.get_by_text("Steering", exact=True).count() >= 1
