@@ -47,27 +47,34 @@ def test_h2o_accumulated_attention_plus_recent():
 
 def test_snapkv_window_scores_with_pooling():
     # w = 2: queries 4 and 5 score keys 0..3: s = [0.2, 0.7, 0.7, 0.2]
-    # window keys 4, 5 score 0 before pooling; avg-pool k=5 (same length, padded cells not counted):
-    #   j0: (0.2+0.7+0.7)/3 = 0.533; j1: 1.8/4 = 0.45; j2: 1.8/5 = 0.36; j3: 1.6/5 = 0.32
-    # B = 3 → window {4, 5} + the top one: key 0.
-    assert kept(ev.select("snapkv", A, 3, window=2)) == [0, 4, 5]
-    # unpooled, the top score is key 1 (0.7, tied with key 2, lower position wins): pooling is what picks 0
-    raw = ev._select_scored(A[0, :, 4:].sum(1), 6, 3, 2, per_head=True, pool=False)
-    assert torch.nonzero(raw[0]).reshape(-1).tolist() == [1, 4, 5]
+    # window keys 4, 5 score 0 before pooling; avg-pool k=5 with zero padding counted (÷ 5 everywhere):
+    #   j0: (0.2+0.7+0.7)/5 = 0.32; j1: 1.8/5 = 0.36; j2: 1.8/5 = 0.36; j3: 1.6/5 = 0.32
+    # B = 3 → window {4, 5} + the top one: j1 = j2 tie → the lower position, key 1.
+    assert kept(ev.select("snapkv", A, 3, window=2)) == [1, 4, 5]
+    # B = 4: keys 1 and 2 (0.36 each) beat 0 and 3 (0.32)
+    assert kept(ev.select("snapkv", A, 4, window=2)) == [1, 2, 4, 5]
+    # pooling matters: one query (w = 1) with an isolated peak at key 0 and a cluster at keys 3-5
+    C = causal([[1, 0, 0, 0, 0, 0, 0, 0]] * 7 + [[.4, 0, 0, .2, .2, .2, 0, 0]])
+    # s = [.4, 0, 0, .2, .2, .2, 0]; pooled /5: j0 .08, j1 .12, j2 .16, j3 .12, j4 .12, j5 .08, j6 .08
+    assert kept(ev.select("snapkv", C, 2, window=1)) == [2, 7]
+    raw = ev._select_scored(C[0, :, 7:].sum(1), 8, 2, 1, per_head=True, pool=False)
+    assert torch.nonzero(raw[0]).reshape(-1).tolist() == [0, 7]
 
 
 def test_pyramid_budget_schedule_by_hand():
     # B=10, L=4, β=5: from 2B − B/β = 18 down to B/β = 2 in steps of 16/3: 18, 12.67, 7.33, 2 → 18, 13, 7, 2
     assert ev.pyramid_budgets(10, 4, beta=5) == [18, 13, 7, 2]
     assert sum(ev.pyramid_budgets(7, 6)) == 42 and ev.pyramid_budgets(3, 1) == [3]
-    sel = ev.select("pyramidkv", A.expand(2, 1, 6, 6), 3, window=1, beta=3)  # budgets 5, 1
-    assert sel.mask[0, 0].sum() == 5 and sel.mask[1, 0].sum() == 1 and sel.budget_tokens == 3
+    # B = 3, w = 1: c = 2 outside the window, β = 2 → c/β = 1, 2c − c/β = 3 → budgets 1 + 3 = 4 and 1 + 1 = 2
+    sel = ev.select("pyramidkv", A.expand(2, 1, 6, 6), 3, window=1, beta=2)
+    assert sel.mask[0, 0].sum() == 4 and sel.mask[1, 0].sum() == 2 and sel.budget_tokens == 3
 
 
 def test_per_head_versus_shared():
     two = torch.cat([A, causal([[1, 0, 0, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0], [0.1, 0.1, 0.8, 0, 0, 0],
                                 [0.1, 0.1, 0.1, 0.7, 0, 0], [0.1, 0.1, 0.1, 0.6, 0.1, 0],
-                                [0.1, 0.1, 0.1, 0.6, 0.0, 0.1]])], dim=1)  # head 1 looks at key 3
+                                [0.0, 0.0, 0.0, 0.0, 0.9, 0.1]])], dim=1)  # head 1's last query looks at key 4
+    # w = 1: head 0 pools [.1, .1, .6, .1, 0] → key 1 (.18, ties key 2); head 1 pools [0, 0, 0, 0, .9] → key 2
     per = ev.select("snapkv", two, 2, window=1, per_head=True)
     shared = ev.select("snapkv", two, 2, window=1, per_head=False)
     assert per.kept_positions(0, 0) != per.kept_positions(0, 1)

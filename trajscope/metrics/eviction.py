@@ -15,17 +15,19 @@ Policies (``w`` = observation window, default 32; ``m`` = lookahead steps, defau
 
 - ``snapkv`` — SnapKV (Li et al., 2024, "SnapKV: LLM Knows What You are Looking for
   Before Generation"): ``s_j = Σ_{i ∈ last w prompt queries} a_{i,j}`` for ``j < P − w``,
-  average-pooled along j (kernel 5, stride 1, padding 2, padded cells not counted),
-  keep the top ``B − w`` plus the window. Per head by default.
+  average-pooled along j (kernel 5, stride 1, zero padding 2 counted in the average, as
+  ``F.avg_pool1d``'s default and SnapKV's reference code do), keep the top ``B − w`` plus the
+  window. Per head by default.
 - ``h2o`` — H2O (Zhang et al., 2023, "H2O: Heavy-Hitter Oracle"): accumulated attention
   over every prompt query, ``s_j = Σ_{i<P} a_{i,j}``, top ``B − w`` heavy hitters plus the
   ``w`` most recent positions.
 - ``streamingllm`` — StreamingLLM (Xiao et al., 2024, "Efficient Streaming Language Models
   with Attention Sinks"): the first 4 sink positions plus the ``B − 4`` most recent.
 - ``pyramidkv`` — PyramidKV (Cai et al., 2024): per-layer budgets that fall linearly with
-  depth (:func:`pyramid_budgets`, mean ``B``, so the total is ``L · B``; a layer's budget is
-  capped at P and the excess goes to the shallowest layers below P, so ``B = P`` keeps
-  everything), each layer then selected as SnapKV.
+  depth (:func:`pyramid_budgets`, as its reference code: the part outside the window,
+  ``c = B − w``, runs from ``2c − c/β`` at layer 0 to ``c/β`` at the last, mean ``c``, so the total
+  is ``L · B``; a layer's budget is capped at P and the excess goes to the shallowest layers
+  below P, so ``B = P`` keeps everything), each layer then selected as SnapKV.
 - ``lookahead`` — LAQ-style (Lookahead Q-Cache, 2025): SnapKV's rule with the scores
   taken from the queries of the first ``m`` tokens of a draft generation.
 - ``pseudo`` — DapQ-style position-aware pseudo queries: the window's tokens placed at the
@@ -103,13 +105,13 @@ def _capped(budgets: list[int], P: int) -> list[int]:
 
 
 def _pool(scores: torch.Tensor, kernel: int = POOL) -> torch.Tensor:
-    """Average pool along the last axis (stride 1, same length; padded cells are not counted)."""
+    """Average pool along the last axis (stride 1, same length; zero padding counted, as SnapKV's code)."""
     if scores.shape[-1] == 0 or kernel <= 1:
         return scores
     pad = kernel // 2
     shape = scores.shape
     x = scores.reshape(-1, 1, shape[-1]).float()
-    s = torch.nn.functional.avg_pool1d(x, kernel, stride=1, padding=pad, count_include_pad=False)
+    s = torch.nn.functional.avg_pool1d(x, kernel, stride=1, padding=pad, count_include_pad=True)
     return s.reshape(shape)
 
 
@@ -218,7 +220,11 @@ def select(policy: str, prefill: torch.Tensor, budget: float | int, *, window: i
         for layer in range(L):
             masks.append(_select_scored(a[layer].sum(1), P, B, window, per_head, pool=False))
     elif policy in ("snapkv", "pyramidkv"):
-        budgets = _capped(pyramid_budgets(B, L, beta), P) if policy == "pyramidkv" else [B] * L
+        if policy == "pyramidkv":
+            w_in = min(window, B)
+            budgets = _capped([w_in + c for c in pyramid_budgets(B - w_in, L, beta)], P) if B > w_in else [B] * L
+        else:
+            budgets = [B] * L
         mean_budget = sum(budgets) / L
         for layer in range(L):
             masks.append(_select_scored(a[layer, :, P - window:].sum(1), P, min(P, budgets[layer]), window,
