@@ -172,14 +172,33 @@ def test_sessions_have_their_own_state_and_share_the_model(sample_model, fresh_m
     assert b.state.step == 2
 
 
-def test_concurrent_generations_take_turns(sample_model, fresh_models):
+def test_concurrent_generations_take_turns(sample_model, fresh_models, monkeypatch):
+    """Two sessions generating at once: their generation traces never overlap on the shared model, and
+    each session gets its own prompt's tokens. (The same check without the lock overlaps:
+    tests/model/test_forward_ops.py::test_the_overlap_check_sees_an_unlocked_handle.)"""
+    import time
+
+    import trajscope.model.handle as handle_mod
+
+    spans, real = [], handle_mod.run_generation
+
+    def timed(*a, **k):
+        t0 = time.monotonic()
+        out = real(*a, **k)
+        spans.append((t0, time.monotonic()))
+        return out
+
+    monkeypatch.setattr(handle_mod, "run_generation", timed)
     runner._MODELS[("sample", False, None)] = sample_model
     apps = [TrajScope(max_new_tokens=4, prompt=p) for p in ("import os\n", "class A:\n")]
     jobs = [a.controls.generate(dispatch=lambda fn: fn()) for a in apps]
     for j in jobs:
         wait_job(j)
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert b0 >= a1, "two generations ran on the shared model at the same time"
     solo = ts.capture(sample_model, "class A:\n", max_new_tokens=4)
     assert apps[1].state.trajectory.token_ids == solo.token_ids
+    assert apps[0].state.trajectory.meta["prompt"] == "import os\n"
 
 
 def test_exports_read_back(short_run, tmp_path):
