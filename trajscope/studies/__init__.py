@@ -1,0 +1,22 @@
+"""Serving studies: do serving choices change the activations a dataset is harvested from?
+
+Each study runs the user's own model through the model boundary and returns Polars frames
+with documented columns (every row carries its serving provenance); the command line
+(:mod:`trajscope.studies.cli`, ``trajscope study …``) writes them as Parquet tables.
+
+- determinism (:mod:`~trajscope.studies.determinism`): the noise floor — repeats,
+  deterministic algorithms, CPU threads, TF32 and float32 / bfloat16 / float16 vs float64.
+  Every other delta is read against it.
+- batch (:mod:`~trajscope.studies.batching`): a prompt alone vs co-batched with neighbours
+  of other lengths, left vs right padding, its row in the batch.
+- chunked-prefill (:mod:`~trajscope.studies.prefill`): prefill in chunks of c tokens vs one pass.
+- prefix-cache (:mod:`~trajscope.studies.prefix_cache`): which positions a prefix cache
+  never computes (coverage map) and continuation-on-cached-prefix vs full recompute.
+- served harvest (:mod:`~trajscope.studies.harvest`): batched / chunked / prefix-cached
+  activation harvest with per-row provenance (also the harvest benchmark's engine).
+
+Shared pieces: :func:`~trajscope.studies.common.deltas` (L2 / relative L2 / cosine per
+layer and position), :class:`~trajscope.studies.common.Provenance`, the floor comparison and
+bootstrap intervals in :mod:`~trajscope.studies.common`; prompt-set helpers in
+:mod:`~trajscope.studies.prompts`.
+"""
