@@ -115,19 +115,29 @@ def against_floor(df: pl.DataFrame, floor: pl.DataFrame | None, dtype: str | Non
     """``df`` with ``floor_rel_l2`` (the determinism floor of its layer) and ``above_floor``.
 
     Args:
-        df: a long delta table with ``layer`` and ``rel_l2``.
+        df: a long delta table with ``layer`` and ``rel_l2`` (and usually ``dtype``).
         floor: :func:`trajscope.studies.determinism.floor_by_layer` output (``dtype``, ``layer``,
             ``floor_rel_l2``); None leaves the columns null.
-        dtype: which dtype's floor to use (default: the ``dtype`` column of ``df``).
+        dtype: compare every row with this dtype's floor; default: each row with the floor of its
+            own ``dtype`` column.
+    Raises:
+        TrajscopeError: when the floor has no rows for a dtype that ``df`` needs.
     """
+    df = df.drop([c for c in ("floor_rel_l2", "above_floor") if c in df.columns])
     if floor is None:
         return df.with_columns(floor_rel_l2=pl.lit(None, pl.Float64), above_floor=pl.lit(None, pl.Boolean))
-    dt = dtype or (df["dtype"][0] if "dtype" in df.columns and df.height else None)
-    f = floor.filter(pl.col("dtype") == dt) if dt is not None else floor
-    if f.is_empty():
-        raise TrajscopeError(f"The determinism floor has no rows for dtype {dt}; measure it in that dtype first.")
-    f = f.select(pl.col("layer").cast(pl.Int16), "floor_rel_l2")
-    out = df.drop([c for c in ("floor_rel_l2", "above_floor") if c in df.columns]).join(f, on="layer", how="left")
+    f = floor.select("dtype", pl.col("layer").cast(pl.Int16), "floor_rel_l2")
+    if dtype is not None or "dtype" not in df.columns:
+        dt = dtype or f["dtype"][0]
+        f = f.filter(pl.col("dtype") == dt).drop("dtype")
+        need, on = {dt}, ["layer"]
+    else:
+        need, on = set(df["dtype"].unique()), ["dtype", "layer"]
+    missing = need - set(floor["dtype"].unique())
+    if missing:
+        raise TrajscopeError(f"The determinism floor has no rows for dtype {', '.join(sorted(missing))}; "
+                             "measure it in that dtype first.")
+    out = df.with_columns(pl.col("layer").cast(pl.Int16)).join(f, on=on, how="left")
     return out.with_columns(above_floor=pl.col("rel_l2") > pl.col("floor_rel_l2"))
 
 
