@@ -6,6 +6,7 @@
 - :mod:`trajscope.cli.drift`: ``profile`` and ``drift`` (the decode-regime calibration report);
 - :mod:`trajscope.cli.sae`: ``harvest``, ``train-sae`` and ``sae-drift``;
 - :mod:`trajscope.cli.studies`: ``eviction`` (the KV-eviction study);
+- :mod:`trajscope.studies.cli`: ``study batch | determinism | chunked-prefill | prefix-cache`` (serving artefacts);
 - :mod:`trajscope.cli.options`: the options they share, defined once, and the one place where
   parsed options become a :class:`~trajscope.capture.CaptureConfig`.
 
@@ -20,9 +21,10 @@ import argparse
 import sys
 
 from trajscope.cli import capture, drift, sae, steer, studies
+from trajscope.studies import cli as serving_studies
 from trajscope.errors import TrajscopeError
 
-GROUPS = (capture, steer, drift, sae, studies)
+GROUPS = (capture, steer, drift, sae, studies, serving_studies)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -345,3 +345,65 @@ def masked_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, ke
                       return_cache=True, _inplace=True)
         cache = out.cache
     return ids
+
+
+def check_dtype(device: str, dtype: str | torch.dtype) -> torch.dtype:
+    """The torch dtype named ``dtype`` if ``device`` can run a transformer in it, else one clear error.
+
+    Probes a tiny matmul, softmax and SiLU in ``dtype`` on ``device`` (what every block runs), so a
+    dtype the device lacks kernels for fails here in one sentence instead of deep inside a forward.
+
+    Raises:
+        TrajscopeError: for an unknown name, a non-floating dtype, or a dtype the device cannot run.
+    """
+    dt = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise TrajscopeError(f"Unknown dtype '{dtype}': use float32, bfloat16, float16 or float64.")
+    name = str(dt).replace("torch.", "")
+    try:
+        x = torch.ones(4, 4, dtype=dt, device=device)
+        torch.nn.functional.silu((x @ x).softmax(-1)).sum().item()
+    except (RuntimeError, TypeError, NotImplementedError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TrajscopeError(f"The {device} device cannot run {name} ({reason[:80]}); "
+                             "choose float32 or bfloat16.") from None
+    return dt
+
+
+@contextlib.contextmanager
+def numerics(*, tf32: bool | None = None, deterministic: bool | None = None,
+             threads: int | None = None) -> Iterator[dict]:
+    """Set torch's process-wide numerics for the body and restore them afterwards (``finally``).
+
+    Args:
+        tf32: allow TF32 in CUDA matmuls and cuDNN convolutions (``None`` leaves the setting alone).
+        deterministic: ``torch.use_deterministic_algorithms`` (on CUDA, ``CUBLAS_WORKSPACE_CONFIG``
+            is set to ``:4096:8`` for the body when unset, as cuBLAS requires).
+        threads: CPU intra-op threads (``torch.set_num_threads``); ``None`` leaves it alone.
+    Yields:
+        The settings in force in the body: ``{"tf32", "deterministic", "threads"}``.
+    """
+    import os
+
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+           torch.are_deterministic_algorithms_enabled(), torch.get_num_threads(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    try:
+        if tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
+            torch.backends.cudnn.allow_tf32 = bool(tf32)
+        if deterministic is not None:
+            if deterministic and torch.cuda.is_available():
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(bool(deterministic))
+        if threads is not None:
+            torch.set_num_threads(int(threads))
+        yield {"tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+               "deterministic": torch.are_deterministic_algorithms_enabled(), "threads": torch.get_num_threads()}
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old[0], old[1]
+        torch.use_deterministic_algorithms(old[2])
+        torch.set_num_threads(old[3])
+        if old[4] is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = old[4]

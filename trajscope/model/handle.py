@@ -16,7 +16,7 @@ import contextlib
 import functools
 import pathlib
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -224,6 +224,18 @@ class ModelHandle:
         """One padded batch forward; per-sequence results without padding rows."""
         with self.lock:
             return fw.forward_batch(self, batch, padding_side=padding_side, layers=layers)
+
+    @contextlib.contextmanager
+    def numerics(self, *, tf32: bool | None = None, deterministic: bool | None = None,
+                 threads: int | None = None) -> Iterator[dict]:
+        """Hold the lock with torch's TF32 / deterministic / thread settings changed for the body; see
+        :func:`trajscope.model.forward.numerics` (the settings are process-wide, restored on exit)."""
+        with self.lock, fw.numerics(tf32=tf32, deterministic=deterministic, threads=threads) as settings:
+            yield settings
+
+    def check_dtype(self, dtype: str | torch.dtype) -> torch.dtype:
+        """``dtype`` as a torch dtype if this model's device can run it; else one clear error."""
+        return fw.check_dtype("cpu" if self.remote is True else self.device, dtype)
 
     def masked_decode(self, prompt_ids: Sequence[int], max_new_tokens: int, key_mask: torch.Tensor,
                       mask_from: int | None = None) -> list[int]:

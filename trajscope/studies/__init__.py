@@ -1,6 +1,28 @@
 """Studies: questions about models that trajscope answers with its own engine, each a function, a command
 and Parquet tables.
 
-- :mod:`trajscope.studies.eviction`: do the prompt keys that a KV-eviction policy keeps after prefill
-  stay the ones decode attends to, and what does evicting the rest cost the next-token distribution?
+- eviction (:mod:`~trajscope.studies.eviction`, ``trajscope eviction``): do the prompt keys that a
+  KV-eviction policy keeps after prefill stay the ones decode attends to, and what does evicting the
+  rest cost the next-token distribution?
+
+Serving studies — do serving choices change the activations a dataset is harvested from? Each runs
+the user's own model through the model boundary and returns Polars frames with documented columns
+(every row carries its serving provenance); ``trajscope study …`` (:mod:`trajscope.studies.cli`)
+writes them as Parquet tables:
+
+- determinism (:mod:`~trajscope.studies.determinism`): the noise floor — repeats,
+  deterministic algorithms, CPU threads, TF32 and float32 / bfloat16 / float16 vs float64.
+  Every other delta is read against it.
+- batch (:mod:`~trajscope.studies.batching`): a prompt alone vs co-batched with neighbours
+  of other lengths, left vs right padding, its row in the batch.
+- chunked-prefill (:mod:`~trajscope.studies.prefill`): prefill in chunks of c tokens vs one pass.
+- prefix-cache (:mod:`~trajscope.studies.prefix_cache`): which positions a prefix cache
+  never computes (coverage map) and continuation-on-cached-prefix vs full recompute.
+- served harvest (:mod:`~trajscope.studies.harvest`): batched / chunked / prefix-cached
+  activation harvest with per-row provenance (also the harvest benchmark's engine).
+
+Shared pieces: :func:`~trajscope.studies.common.deltas` (L2 / relative L2 / cosine per
+layer and position), :class:`~trajscope.studies.common.Provenance`, the floor comparison and
+bootstrap intervals in :mod:`~trajscope.studies.common`; prompt-set helpers in
+:mod:`~trajscope.studies.prompts`.
 """

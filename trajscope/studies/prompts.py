@@ -1,0 +1,109 @@
+"""Prompt sets for the serving studies: reading them, shared prefixes in tokens, token classes.
+
+A prefix cache reuses KV by token ids, not by text, so shared prefixes are found on the
+tokenized prompts (:func:`common_prefix_len`). :func:`with_header` builds a synthetic
+shared-prefix set (a fixed system prompt / boilerplate header prepended to every prompt),
+the situation a cache-heavy harvest meets in practice. :func:`token_class` labels a token
+by its text (``space``, ``newline``, ``punct``, ``digit``, ``word``, ``special``) so a
+coverage map can say which kinds of tokens a cache never recomputes.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any, Sequence
+
+from trajscope.errors import TrajscopeError
+
+DEFAULT_HEADER = (
+    "# System: you are a careful Python assistant. Answer with code from the standard library,\n"
+    "# keep functions short, and document every public function.\n"
+    "# License: PSF. This file is part of the example corpus.\n\n"
+)
+
+
+def read_prompt_file(path: str | pathlib.Path, max_prompts: int | None = None) -> list[dict]:
+    """Prompts of a JSON-lines file, one ``{"prompt": ..., "id": ...}`` (or a JSON string) per line.
+
+    A small local reader (the integrator swaps it for the CLI's shared one). Items without an
+    ``id`` get their line number. Raises one clear error for a missing file, bad JSON or no prompts.
+    """
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise TrajscopeError(f"No prompt file at '{path}'.")
+    out: list[dict] = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TrajscopeError(f"{path}, line {n}: not valid JSON ({exc.msg}).") from None
+        item = {"prompt": item} if isinstance(item, str) else item
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
+            raise TrajscopeError(f"{path}, line {n}: expected a JSON object with a non-empty \"prompt\" string.")
+        out.append({**item, "id": str(item.get("id", n))})
+        if max_prompts is not None and len(out) >= max_prompts:
+            break
+    if not out:
+        raise TrajscopeError(f"The prompt file '{path}' holds no prompts.")
+    return out
+
+
+def encode_prompts(model: Any, prompts: Sequence[dict | str], max_tokens: int | None = None) -> list[tuple[str, list[int]]]:
+    """``(id, token ids)`` per prompt, each cut to its first ``max_tokens`` tokens when given."""
+    out = []
+    for i, p in enumerate(prompts):
+        item = {"prompt": p} if isinstance(p, str) else p
+        ids = model.encode(item["prompt"])
+        out.append((str(item.get("id", i)), ids[:max_tokens] if max_tokens else ids))
+    return out
+
+
+def with_header(prompts: Sequence[dict], header: str = DEFAULT_HEADER) -> list[dict]:
+    """Each prompt with ``header`` prepended (a synthetic shared system prompt / boilerplate)."""
+    return [{**p, "prompt": header + p["prompt"]} for p in prompts]
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def shared_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix every sequence shares (0 for an empty set)."""
+    if not seqs:
+        return 0
+    n = min(len(s) for s in seqs)
+    for s in seqs[1:]:
+        n = min(n, common_prefix_len(seqs[0], s))
+    return n
+
+
+def token_class(text: str, special: bool = False) -> str:
+    """A coarse class of a token's text: special, newline, space, digit, word or punct."""
+    if special:
+        return "special"
+    if "\n" in text:
+        return "newline"
+    t = text.strip()
+    if not t:
+        return "space"
+    if t.isdigit():
+        return "digit"
+    if t.replace("_", "a").isalnum():
+        return "word"
+    return "punct"
+
+
+def token_classes(model: Any, ids: Sequence[int]) -> list[str]:
+    """:func:`token_class` of each token id, decoded one at a time with the model's tokenizer."""
+    tok = model.tokenizer
+    special = set(tok.all_special_ids)
+    return [token_class(tok.decode([i]), i in special) for i in ids]
