@@ -63,6 +63,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         p.add_argument("--layers", type=_ints, default=None, help="comma-separated blocks to compare (default: all)")
         p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: CUDA when present)")
         p.add_argument("--dtype", default=None, help="model dtype (default: float32 on CPU, bfloat16 on CUDA)")
+        p.add_argument("--threads", type=int, default=None, help="CPU threads for the run (default: torch's)")
         p.set_defaults(func=cmd_study, study_name=name)
         parsers[name] = p
     b = parsers["batch"]
@@ -131,11 +132,14 @@ def cmd_study(args: argparse.Namespace) -> int:
         if done % step == 0 or done == total:
             print(f"{name}: {done}/{total} prompts", file=sys.stderr)
 
-    tables = run_study(name, model, prompts, layers=args.layers, progress=progress, **opts)
+    if args.threads is not None and args.threads < 1:
+        raise TrajscopeError(f"--threads must be at least 1, not {args.threads}.")
+    with model.numerics(threads=args.threads):
+        tables = run_study(name, model, prompts, layers=args.layers, progress=progress, **opts)
     paths = write_tables(tables, args.out)
     keep = ("rel_l2_mean", "rel_l2_mean_lo", "rel_l2_mean_hi", "rel_l2_max", "floor_rel_l2", "frac_above_floor",
             "frac_greedy_diverged", "share_never_produced", "n_positions", "n_reused")
-    with pl.Config(tbl_rows=60, tbl_cols=-1, tbl_width_chars=200, float_precision=3, fmt_str_lengths=20,
+    with pl.Config(tbl_rows=60, tbl_cols=-1, tbl_width_chars=200, fmt_float="mixed", fmt_str_lengths=20,
                    tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
         for key in (k for k in tables if k.endswith("_summary")):
             df = tables[key]

@@ -78,6 +78,7 @@ class Provenance:
     Attributes:
         dtype, device: the model's parameter dtype and device.
         tf32: TF32 allowed in CUDA matmuls; deterministic: ``torch.use_deterministic_algorithms``.
+        threads: CPU intra-op threads (``torch.get_num_threads``; it changes CPU reduction splits).
         batch_size: sequences per forward (1 = alone); padding_side: ``left`` / ``right``.
         chunk: prefill chunk size in tokens (0 = one monolithic pass).
         prefix_cache: whether a cached prefix's KV was reused.
@@ -87,6 +88,7 @@ class Provenance:
     device: str = "cpu"
     tf32: bool = False
     deterministic: bool = False
+    threads: int = 1
     batch_size: int = 1
     padding_side: str = "right"
     chunk: int = 0
@@ -96,7 +98,7 @@ class Provenance:
     def of(cls, model: Any, **kw: Any) -> "Provenance":
         """The provenance of ``model`` under torch's current numerics, with ``kw`` overrides."""
         base = dict(dtype=model.dtype, device=model.device, tf32=bool(torch.backends.cuda.matmul.allow_tf32),
-                    deterministic=torch.are_deterministic_algorithms_enabled())
+                    deterministic=torch.are_deterministic_algorithms_enabled(), threads=torch.get_num_threads())
         return cls(**{**base, **kw})
 
     def to_dict(self) -> dict[str, Any]:

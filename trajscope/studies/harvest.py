@@ -13,7 +13,7 @@ configuration and records it on every row:
 Rows (one per prompt position): ``prompt_id``, ``pos``, ``token_id``, ``status`` (computed /
 reused), ``act_row`` (index into ``acts[layer]``), ``n_computed`` and ``n_reused`` of the
 prompt, and the :class:`~trajscope.studies.common.Provenance` columns (``dtype``, ``device``,
-``tf32``, ``deterministic``, ``batch_size``, ``padding_side``, ``chunk``, ``prefix_cache``).
+``tf32``, ``deterministic``, ``threads``, ``batch_size``, ``padding_side``, ``chunk``, ``prefix_cache``).
 """
 
 from __future__ import annotations

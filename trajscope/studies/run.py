@@ -3,9 +3,10 @@
 :func:`run_study` returns the study's tables by name (what ``trajscope study …`` writes as
 ``<name>.parquet``):
 
-- ``determinism``: ``determinism`` (long), ``determinism_floor`` (per dtype × layer,
-  :func:`~trajscope.studies.determinism.floor_by_layer`), ``determinism_summary``
-  (per dtype × condition × layer);
+- ``determinism``: ``determinism`` (long; each row against its dtype's floor, except
+  ``vs_float32`` rows — what choosing bf16/fp16 does — against the float32 floor),
+  ``determinism_floor`` (per dtype × layer, :func:`~trajscope.studies.determinism.floor_by_layer`),
+  ``determinism_summary`` (per dtype × condition × layer);
 - ``batch``: ``batch`` (long, with ``floor_rel_l2`` / ``above_floor``), ``batch_bands``,
   ``batch_summary`` (per neighbours × padding side × slot × layer), ``batch_floor``;
 - ``chunked-prefill``: ``chunked-prefill``, ``chunked-prefill_summary`` (per chunk × layer),
@@ -55,7 +56,12 @@ def run_study(name: str, model: Any, prompts: Sequence[tuple[str, list[int]]], *
     if name == "determinism":
         det = determinism.determinism_study(model, prompts, layers=layers, progress=progress, **options)
         fl = determinism.floor_by_layer(det)
-        det = against_floor(det, fl)  # each dtype against its own floor
+        # each dtype's noise against its own floor; what choosing the dtype does (vs_float32) against float32's
+        vs32 = det["condition"] == "vs_float32"
+        parts = [against_floor(det.filter(~vs32), fl)]
+        if vs32.any():
+            parts.append(against_floor(det.filter(vs32), fl, dtype="float32"))
+        det = pl.concat(parts, how="vertical_relaxed")
         return {"determinism": det, "determinism_floor": fl,
                 "determinism_summary": summarize(det, ["dtype", "condition", "layer"])}
     if name == "prefix-cache":
