@@ -51,6 +51,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                                          "sample_data/prompts/heldout_code.jsonl --out studies/determinism "
                                          "(then 'trajscope study STUDY --help' for each study's options)")
     sub = study.add_subparsers(dest="study", required=True, metavar="STUDY")
+    from trajscope.studies import compaction_cli
+
+    compaction_cli.register(sub)
     parsers = {}
     for name, (text, example) in _HELP.items():
         p = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}.", epilog=f"example: {example}",
