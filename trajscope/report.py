@@ -228,7 +228,6 @@ class Comparison:
     def save(self, path: str | os.PathLike) -> pathlib.Path:
         """Write the standalone HTML report and ``<stem>_files/*.parquet``. Returns the HTML path."""
         from bokeh.embed import components
-        from bokeh.resources import INLINE
 
         path = pathlib.Path(path)
         files = path.with_name(path.stem + "_files")
@@ -267,13 +266,27 @@ class Comparison:
                 f"<li><code>{html.escape(p)}</code>: {html.escape(r)}</li>" for p, r in self.skipped) + "</ul>")
         body.append(f"<p class='note'>Tables: <code>{html.escape(files.name)}/</code> ({', '.join(sorted(tables))}"
                     ".parquet).</p>")
-        doc = PAGE.format(resources=INLINE.render(), script=script, body="\n".join(body),
+        doc = PAGE.format(resources=_bokeh_js(), script=script, body="\n".join(body),
                           title=html.escape(f"trajscope report — {len(self.runs)} run{'s' if len(self.runs) != 1 else ''}"))
         try:
             path.write_text(doc, encoding="utf-8")
         except OSError as exc:
             raise TrajscopeError(f"Cannot write the report to '{path}': {exc.strerror or exc}.") from None
         return path
+
+
+def _bokeh_js() -> str:
+    """BokehJS itself, inline (no extension bundles).
+
+    ``bokeh.resources.INLINE`` is patched by Panel once Panel is imported in the same process, and
+    then carries Panel's extensions, which fetch from a CDN: a report written by the app (or after
+    any Panel import) would not open offline. The report's figures need BokehJS only.
+    """
+    from bokeh.util.paths import bokehjs_path
+
+    js = pathlib.Path(bokehjs_path()) / "js"
+    return "\n".join(f"<script type=\"text/javascript\">\n{(js / f'{name}.min.js').read_text(encoding='utf-8')}\n</script>"
+                     for name in ("bokeh", "bokeh-gl", "bokeh-widgets", "bokeh-tables"))
 
 
 def _drift_plots(by_depth: pl.DataFrame, profile) -> list:
