@@ -137,7 +137,8 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
-def greedy_continuations(model: Any, tokens: SessionTokens, n: int, masked: Sequence[str] = MASKED) -> dict[str, list[int]]:
+def greedy_continuations(model: Any, tokens: SessionTokens, n: int,
+                         masked: Sequence[str] = MASKED) -> dict[str, list[int]]:
     """``{setup: the n greedy tokens after T3}``; A through the boundary's masked decode from T3's start."""
     out = {}
     for s in SETUPS:
@@ -152,6 +153,44 @@ def plant_directions(n_classes: int, d_model: int, seed: int = 0) -> torch.Tenso
     g = torch.Generator().manual_seed(seed)
     q, _ = torch.linalg.qr(torch.randn(d_model, n_classes, generator=g, dtype=torch.float64))
     return q.T.float().contiguous()
+
+
+def measure_session(model: Any, tokens: SessionTokens, layers: Sequence[int], *, masked: Sequence[str] = MASKED,
+                    plant: tuple[torch.Tensor, int, float] | None = None,
+                    max_new_tokens: int = 0) -> tuple[pl.DataFrame, pl.DataFrame, list[dict], dict[str, torch.Tensor]]:
+    """Every measure of one session (module docstring).
+
+    Returns:
+        ``(states, next_token, decode_rows, last)``: the session's rows of ``compaction_states`` and
+        ``compaction_next_token``, its ``compaction_decode`` rows (none when ``max_new_tokens`` is 0), and
+        ``{setup: [n_layers, d_model]}`` the last T3 token's block outputs (the probe's features).
+    """
+    sid = pl.lit(tokens.session_id)
+    runs = {s: run_setup(model, tokens, s, layers=layers, masked=masked, plant=plant) for s in SETUPS}
+    idx = list(range(tokens.n_t3))
+    states, kls = [], []
+    for x, ref in PAIRS:
+        pair = pl.lit(f"{x}_vs_{ref}")
+        for layer in layers:
+            rel, cos = state_distances(runs[x][1][layer], runs[ref][1][layer])
+            states.append(pl.DataFrame({"t3_index": idx, "rel_l2": rel.numpy(), "cosine": cos.numpy()})
+                          .select(session_id=sid, pair=pair, layer=pl.lit(layer, pl.Int32), t3_index="t3_index",
+                                  rel_l2="rel_l2", cosine="cosine"))
+        kl = next_token_kl(runs[ref][0], runs[x][0]).numpy()
+        agree = (runs[ref][0].argmax(-1) == runs[x][0].argmax(-1)).numpy()
+        kls.append(pl.DataFrame({"t3_index": idx, "kl": kl, "top1_agrees": agree})
+                   .select(session_id=sid, pair=pair, t3_index="t3_index", kl="kl", top1_agrees="top1_agrees"))
+    decode = []
+    if max_new_tokens:
+        cont = greedy_continuations(model, tokens, max_new_tokens, masked)
+        for s in ("A", "B"):
+            decode.append(dict(session_id=tokens.session_id, setup=s,
+                               first_divergence=first_divergence(cont[s], cont["C"]),
+                               agree_fraction=float(np.mean([a == c for a, c in zip(cont[s], cont["C"])])),
+                               n_new=max_new_tokens, text=model.tokenizer.decode(cont[s]),
+                               text_full=model.tokenizer.decode(cont["C"])))
+    last = {s: torch.stack([runs[s][1][layer][-1] for layer in layers]) for s in SETUPS}
+    return pl.concat(states), pl.concat(kls), decode, last
 
 
 @dataclasses.dataclass
@@ -265,27 +304,12 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
     feats = {s: torch.zeros(len(sessions), len(layers), model.d_model) for s in SETUPS}
     for i, (sess, tok) in enumerate(zip(sessions, toks)):
         plant = (dirs[classes.index(int(sess.label))], plant_layer, plant_strength) if planting else None
-        runs = {s: run_setup(model, tok, s, layers=layers, masked=masked, plant=plant) for s in SETUPS}
-        idx = list(range(tok.n_t3))
-        for s, (_, resid) in runs.items():
-            feats[s][i] = torch.stack([resid[layer][-1] for layer in layers])
-        for x, ref in PAIRS:
-            pair = f"{x}_vs_{ref}"
-            for layer in layers:
-                rel, cos = state_distances(runs[x][1][layer], runs[ref][1][layer])
-                states.append(pl.DataFrame({"t3_index": idx, "rel_l2": rel.numpy(), "cosine": cos.numpy()}).with_columns(
-                    session_id=pl.lit(sess.session_id), pair=pl.lit(pair), layer=pl.lit(layer, pl.Int32)))
-            kl = next_token_kl(runs[ref][0], runs[x][0])
-            agree = runs[ref][0].argmax(-1) == runs[x][0].argmax(-1)
-            kls.append(pl.DataFrame({"t3_index": idx, "kl": kl.numpy(), "top1_agrees": agree.numpy()}).with_columns(
-                session_id=pl.lit(sess.session_id), pair=pl.lit(pair)))
-        if n_decode:
-            cont = greedy_continuations(model, tok, n_decode, masked)
-            for s in ("A", "B"):
-                agree = float(np.mean([a == c for a, c in zip(cont[s], cont["C"])]))
-                decode.append(dict(session_id=sess.session_id, setup=s, first_divergence=first_divergence(cont[s], cont["C"]),
-                                   agree_fraction=agree, n_new=n_decode, text=model.tokenizer.decode(cont[s]),
-                                   text_full=model.tokenizer.decode(cont["C"])))
+        st, kl, dec, last = measure_session(model, tok, layers, masked=masked, plant=plant, max_new_tokens=n_decode)
+        states.append(st)
+        kls.append(kl)
+        decode.extend(dec)
+        for s in SETUPS:
+            feats[s][i] = last[s]
         if progress is not None:
             progress(i + 1, len(sessions))
 
@@ -293,9 +317,6 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
         "session_id": [s.session_id for s in sessions], "split": ["test" if t else "train" for t in split] if probe
         else ["all"] * len(sessions), "label": pl.Series(labels, dtype=pl.Int64), "fact": [s.fact for s in sessions],
         **{f"n_{k}": [len(t.segments[k]) for t in toks] for k in ("sys", "t1", "t2", "summary", "t3")}})
-    key_cols = ["session_id", "pair"]
-    states_df = (pl.concat(states).select(*key_cols, "layer", "t3_index", "rel_l2", "cosine") if states else pl.DataFrame())
-    kl_df = pl.concat(kls).select(*key_cols, "t3_index", "kl", "top1_agrees") if kls else pl.DataFrame()
     dec_schema = dict(session_id=pl.Utf8, setup=pl.Utf8, first_divergence=pl.Int32, agree_fraction=pl.Float64,
                       n_new=pl.Int32, text=pl.Utf8, text_full=pl.Utf8)
     probe_df = probe_table(feats, torch.tensor(labels), layers, train_idx, test_idx, seed=seed, level=level,
@@ -304,7 +325,8 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
                     masked=list(masked), probe=probe, test_fraction=test_fraction, seed=seed,
                     plant_strength=plant_strength, plant_layer=plant_layer, level=level, n_boot=n_boot,
                     attention_mass="not measured: the boundary's masked forward returns no attention rows")
-    return CompactionResult(sess_df, states_df, kl_df, pl.DataFrame(decode, schema=dec_schema), probe_df, settings)
+    return CompactionResult(sess_df, pl.concat(states), pl.concat(kls), pl.DataFrame(decode, schema=dec_schema),
+                            probe_df, settings)
 
 
 def probe_table(features: dict[str, torch.Tensor], labels: torch.Tensor, layers: Sequence[int], train_idx: np.ndarray,
