@@ -3,7 +3,8 @@
 Setup B (restart) is checked against a plain HF forward of ``<sys> <summary> <T3>``;
 setup A (mask) against an HF forward given an explicit 4-D additive mask that hides
 T1 and T2 from every query from T3's start on (HF passes a 4-D mask through
-unchanged); with nothing masked, A is C bit for bit. The probe must recover a
+unchanged), and the control D the same way from the summary's start on; with nothing
+masked, A (and D) is C bit for bit. The probe must recover a
 signal planted in the residual stream through a known direction and stay at chance
 on shuffled labels.
 """
@@ -79,9 +80,10 @@ def test_nothing_masked_makes_A_equal_C_exactly(tiny_models, family):
     model = tiny_models[family]
     tok = tokenize_session(model, SESSION)
     layers = range(model.n_layers)
-    la, ra = run_setup(model, tok, "A", layers=layers, masked=())
     lc, rc = run_setup(model, tok, "C", layers=layers)
-    assert torch.equal(la, lc) and all(torch.equal(ra[k], rc[k]) for k in layers)
+    for setup in ("A", "D"):
+        la, ra = run_setup(model, tok, setup, layers=layers, masked=())
+        assert torch.equal(la, lc) and all(torch.equal(ra[k], rc[k]) for k in layers)
     lm, _ = run_setup(model, tok, "A", layers=layers)  # and masking T1/T2 does change T3
     assert not torch.allclose(lm, lc, atol=1e-4)
     ref_logits, _ = hf_hidden(model, tok.ids)  # C is the plain full-context forward
@@ -102,17 +104,23 @@ def test_restart_B_equals_an_independent_hf_forward(tiny_models, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_mask_A_equals_hf_with_an_explicit_4d_mask(tiny_models, family):
+def test_mask_A_and_D_equal_hf_with_an_explicit_4d_mask(tiny_models, family):
+    """A hides T1/T2 from T3's first query on; D (the control) from the summary's first query on."""
     model = tiny_models[family]
     tok = tokenize_session(model, SESSION)
-    inp = setup_input(tok, "A")
-    (a1, b1), (a2, b2), (t3, _) = tok.span("t1"), tok.span("t2"), tok.span("t3")
-    assert b1 == a2 and inp.mask_from == t3 and (~inp.key_mask).nonzero().flatten().tolist() == list(range(a1, b2))
-    logits, resid = run_setup(model, tok, "A", layers=range(model.n_layers))
-    ref_logits, ref = hf_hidden(model, tok.ids, explicit_mask(len(tok.ids), list(range(a1, b2)), t3))
-    torch.testing.assert_close(logits, ref_logits[t3:], atol=1e-5, rtol=1e-4)
-    for layer in range(model.n_layers - 1):
-        torch.testing.assert_close(resid[layer], ref[layer][t3:], atol=1e-5, rtol=1e-4)
+    (a1, b1), (a2, b2), (s0, _), (t3, _) = tok.span("t1"), tok.span("t2"), tok.span("summary"), tok.span("t3")
+    for setup, start in (("A", t3), ("D", s0)):
+        inp = setup_input(tok, setup)
+        assert b1 == a2 and inp.mask_from == start
+        assert (~inp.key_mask).nonzero().flatten().tolist() == list(range(a1, b2))
+        logits, resid = run_setup(model, tok, setup, layers=range(model.n_layers))
+        ref_logits, ref = hf_hidden(model, tok.ids, explicit_mask(len(tok.ids), list(range(a1, b2)), start))
+        torch.testing.assert_close(logits, ref_logits[t3:], atol=1e-5, rtol=1e-4)
+        for layer in range(model.n_layers - 1):
+            torch.testing.assert_close(resid[layer], ref[layer][t3:], atol=1e-5, rtol=1e-4)
+    _, ra = run_setup(model, tok, "A", layers=[0])
+    _, rd = run_setup(model, tok, "D", layers=[0])
+    assert torch.equal(ra[0], rd[0])  # block 0's keys and values do not depend on context: A = D there
 
 
 def test_study_tables_and_a_masked_decode_that_matches_the_forward(tiny_models):
@@ -120,9 +128,9 @@ def test_study_tables_and_a_masked_decode_that_matches_the_forward(tiny_models):
     sessions = short_sessions(12)
     res = compaction(model, sessions, max_new_tokens=3, n_boot=100)
     n3 = sum(tokenize_session(model, s).n_t3 for s in sessions)
-    assert res.states.height == n3 * 3 * model.n_layers and res.next_token.height == n3 * 3
-    assert set(res.decode["setup"]) == {"A", "B"} and res.decode.height == 24
-    assert res.probe.height == model.n_layers * 5 * 2
+    assert res.states.height == n3 * 5 * model.n_layers and res.next_token.height == n3 * 5
+    assert set(res.decode["setup"]) == {"A", "B", "D"} and res.decode.height == 36
+    assert res.probe.height == model.n_layers * 6 * 2
     summ = res.summary(n_boot=100)
     assert (summ["lo"] <= summ["estimate"] + 1e-12).all() and (summ["estimate"] <= summ["hi"] + 1e-12).all()
     assert res.sessions.filter(pl.col("split") == "test").height == 4

@@ -8,25 +8,33 @@ replaces T1 and T2), a serving stack can
   position). T3's tokens still attend to sys and the summary, and the summary's KV
   states — computed while T1 and T2 were visible — are kept;
 - **B, restart**: recompute ``<sys> <summary> <T3>`` from scratch, with fresh positions;
-- **C, full**: mask nothing (the reference).
+- **C, full**: mask nothing (the reference);
+- **D, mask early** (a control): T1 and T2 hidden from the summary's first query on, positions as
+  in A — the summary's states computed as if the turns had never been there.
 
-All three run through the same path of the boundary (a key mask is always given —
+A differs from B in two ways: the summary's kept states saw T1/T2, and the restart closes the gap
+of masked positions between sys and the summary (RoPE sees relative distances). D separates them:
+**A vs D** is only what the masked turns leave in the kept summary states, **D vs B** only the
+position gap. At block 0 A and D agree exactly (block-0 keys and values do not depend on context),
+so A vs B there is the position gap alone.
+
+All four run through the same path of the boundary (a key mask is always given —
 all True for B and C), so A with nothing masked is C bit for bit and every difference
 between A and C is the mask's. Rows are aligned by T3 token index ``t3_index``.
 
 Measures (one table each; :meth:`CompactionResult.save` writes them as Parquet):
 
-- ``compaction_states``: per session, pair (``A_vs_C``, ``B_vs_C``, ``A_vs_B``; the second
-  setup is the reference), layer and T3 token: relative L2 ``‖x − r‖ / ‖r‖`` and cosine of
-  the block outputs;
+- ``compaction_states``: per session, pair (``A_vs_C``, ``B_vs_C``, ``A_vs_B``, ``A_vs_D``,
+  ``D_vs_B``; the second setup is the reference), layer and T3 token: relative L2
+  ``‖x − r‖ / ‖r‖`` and cosine of the block outputs;
 - ``compaction_next_token``: per session, pair and T3 token: ``KL(p_ref ‖ p_x)`` of the next-token
   distribution (nats) and whether the argmax agrees;
-- ``compaction_decode``: greedy continuations of ``max_new_tokens`` after T3 (A through
-  :meth:`~trajscope.model.ModelHandle.masked_decode`): the first generated index where A or B
+- ``compaction_decode``: greedy continuations of ``max_new_tokens`` after T3 (every setup through
+  :meth:`~trajscope.model.ModelHandle.masked_decode`): the first generated index where A, B or D
   leaves C's tokens (null when it never does) and the fraction of agreeing tokens;
 - ``compaction_probe``: a linear probe (:mod:`trajscope.studies.probe`) reading each session's
   ``label`` (synthetic sessions: the masked number's first digit) from the last T3 token's block
-  output, per layer, fitted and scored on a disjoint held-out split under A, B and C (and fitted
+  output, per layer, fitted and scored on a disjoint held-out split under each setup (and fitted
   under C, read under A and B), against chance and a shuffled-label control, with bootstrap
   intervals over held-out sessions;
 - ``compaction_sessions``: the sessions, their split and segment lengths; ``compaction_summary``:
@@ -37,7 +45,7 @@ forward returns no attention rows, and this study does not reach into the model 
 
 A *planted* run (``plant_strength > 0``) adds ``plant_strength · u_label`` (one fixed random unit
 direction per class) to block ``plant_layer``'s output at every T1 position, through the
-boundary's steering, in A and C (B has no T1): a known signal whose travel into T3 the probe
+boundary's steering, in A, C and D (B has no T1): a known signal whose travel into T3 the probe
 should see under C, and whose leak through the summary it measures under A.
 """
 
@@ -58,10 +66,10 @@ from trajscope.studies import probe as pr
 from trajscope.studies.sessions import Session, SessionTokens, tokenize_session
 from trajscope.trajectory import parquet_metadata
 
-SETUPS = ("A", "B", "C")
-PAIRS = (("A", "C"), ("B", "C"), ("A", "B"))
+SETUPS = ("A", "B", "C", "D")
+PAIRS = (("A", "C"), ("B", "C"), ("A", "B"), ("A", "D"), ("D", "B"))
 MASKED = ("t1", "t2")
-PROBE_RUNS = (("A", "A"), ("B", "B"), ("C", "C"), ("C", "A"), ("C", "B"))
+PROBE_RUNS = (("A", "A"), ("B", "B"), ("C", "C"), ("D", "D"), ("C", "A"), ("C", "B"))
 TABLES = ("sessions", "states", "next_token", "decode", "probe", "summary")
 
 
@@ -76,9 +84,10 @@ class SetupInput:
 
 
 def setup_input(tokens: SessionTokens, setup: str, masked: Sequence[str] = MASKED) -> SetupInput:
-    """The ids, key mask and T3 span of ``setup`` (``"A"``, ``"B"`` or ``"C"``) for one session.
+    """The ids, key mask and T3 span of ``setup`` (``"A"``, ``"B"``, ``"C"`` or ``"D"``) for one session.
 
-    ``masked`` names the segments A hides (default T1 and T2; ``()`` makes A identical to C).
+    ``masked`` names the segments A and D hide (default T1 and T2; ``()`` makes A and D identical to C).
+    A's mask applies from T3's first position, D's from the summary's.
     """
     if setup not in SETUPS:
         raise TrajscopeError(f"Unknown compaction setup '{setup}'; use one of {', '.join(SETUPS)}.")
@@ -86,11 +95,11 @@ def setup_input(tokens: SessionTokens, setup: str, masked: Sequence[str] = MASKE
     ids = tokens.restart_ids if restart else tokens.ids
     t3 = tokens.span("t3", restart=restart)
     keep = torch.ones(len(ids), dtype=torch.bool)
-    if setup == "A":
+    if setup in ("A", "D"):
         for seg in masked:
             a, b = tokens.span(seg)
             keep[a:b] = False
-    return SetupInput(ids, keep, t3[0], t3)
+    return SetupInput(ids, keep, tokens.span("summary")[0] if setup == "D" else t3[0], t3)
 
 
 def _plant_steering(tokens: SessionTokens, direction: torch.Tensor, layer: int, strength: float) -> tuple[list, int]:
@@ -105,7 +114,7 @@ def run_setup(model: Any, tokens: SessionTokens, setup: str, *, layers: Sequence
     """Teacher-forced forward of one setup; the T3 rows only.
 
     Args:
-        plant: ``(direction [d], layer, strength)`` added to T1's positions (A and C; B has no T1).
+        plant: ``(direction [d], layer, strength)`` added to T1's positions (A, C, D; B has no T1).
     Returns:
         ``(logits [n_t3, vocab], {layer: [n_t3, d_model]})``, row ``i`` = T3 token ``i``.
     """
@@ -139,7 +148,7 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 def greedy_continuations(model: Any, tokens: SessionTokens, n: int,
                          masked: Sequence[str] = MASKED) -> dict[str, list[int]]:
-    """``{setup: the n greedy tokens after T3}``; A through the boundary's masked decode from T3's start."""
+    """``{setup: the n greedy tokens after T3}``, each through the boundary's masked decode (from its ``mask_from``)."""
     out = {}
     for s in SETUPS:
         inp = setup_input(tokens, s, masked)
@@ -183,7 +192,7 @@ def measure_session(model: Any, tokens: SessionTokens, layers: Sequence[int], *,
     decode = []
     if max_new_tokens:
         cont = greedy_continuations(model, tokens, max_new_tokens, masked)
-        for s in ("A", "B"):
+        for s in ("A", "B", "D"):
             decode.append(dict(session_id=tokens.session_id, setup=s,
                                first_divergence=first_divergence(cont[s], cont["C"]),
                                agree_fraction=float(np.mean([a == c for a, c in zip(cont[s], cont["C"])])),
@@ -261,7 +270,7 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
                test_fraction: float = 0.3, seed: int = 0, plant_strength: float = 0.0, plant_layer: int = 0,
                level: float = 0.95, n_boot: int = 1000,
                progress: Callable[[int, int], None] | None = None) -> CompactionResult:
-    """Run setups A, B and C on every session and measure how they differ (module docstring).
+    """Run setups A, B, C and D on every session and measure how they differ (module docstring).
 
     Args:
         model: a local :class:`~trajscope.model.ModelHandle`.

@@ -40,7 +40,8 @@ def register(study_subparsers: Any) -> argparse.ArgumentParser:
     p = study_subparsers.add_parser(
         "compaction", help="context compaction: masking vs restart, and what the masked past leaves in the states",
         description="For each session <sys> <T1> <T2> <summary> <T3>: run T3 with T1/T2 masked from T3 on (A, the "
-                    "summary's states kept), restarted from <sys> <summary> (B) and with nothing masked (C); compare "
+                    "summary's states kept), restarted from <sys> <summary> (B), with nothing masked (C) and, as a "
+                    "control, with T1/T2 masked from the summary on (D); compare "
                     "hidden states per layer and T3 token, next-token KL and greedy continuations, and probe the "
                     "masked fact from T3's last hidden state on held-out sessions.",
         epilog=f"example:\n  {EXAMPLE}", formatter_class=_Formatter)

@@ -102,8 +102,8 @@ def fit_ridge_probe(x: torch.Tensor, y: Sequence[int] | torch.Tensor, lambdas: S
 
     Leave-one-out predictions come from the hat matrix: with ``H = K (K + λI)⁻¹`` (``K = Z Zᵀ`` of the
     centred, standardised features and centred one-hot targets ``Yc``),
-    ``ŷ₋ᵢ = (ŷᵢ − Hᵢᵢ Ycᵢ) / (1 − Hᵢᵢ)`` (the intercept's own leave-one-out effect is ignored: a small
-    approximation for n ≫ 1).
+    ``ŷ₋ᵢ = (ŷᵢ − Hᵢᵢ Ycᵢ) / (1 − Hᵢᵢ)`` (the intercept's own leave-one-out effect is ignored:
+    a small approximation for n ≫ 1).
     """
     x = torch.as_tensor(x).double()
     y = torch.as_tensor(y).long()
