@@ -8,25 +8,33 @@ replaces T1 and T2), a serving stack can
   position). T3's tokens still attend to sys and the summary, and the summary's KV
   states — computed while T1 and T2 were visible — are kept;
 - **B, restart**: recompute ``<sys> <summary> <T3>`` from scratch, with fresh positions;
-- **C, full**: mask nothing (the reference).
+- **C, full**: mask nothing (the reference);
+- **D, mask early** (a control): T1 and T2 hidden from the summary's first query on, positions as
+  in A — the summary's states computed as if the turns had never been there.
 
-All three run through the same path of the boundary (a key mask is always given —
+A differs from B in two ways: the summary's kept states saw T1/T2, and the restart closes the gap
+of masked positions between sys and the summary (RoPE sees relative distances). D separates them:
+**A vs D** is only what the masked turns leave in the kept summary states, **D vs B** only the
+position gap. At block 0 A and D agree exactly (block-0 keys and values do not depend on context),
+so A vs B there is the position gap alone.
+
+All four run through the same path of the boundary (a key mask is always given —
 all True for B and C), so A with nothing masked is C bit for bit and every difference
 between A and C is the mask's. Rows are aligned by T3 token index ``t3_index``.
 
 Measures (one table each; :meth:`CompactionResult.save` writes them as Parquet):
 
-- ``compaction_states``: per session, pair (``A_vs_C``, ``B_vs_C``, ``A_vs_B``; the second
-  setup is the reference), layer and T3 token: relative L2 ``‖x − r‖ / ‖r‖`` and cosine of
-  the block outputs;
+- ``compaction_states``: per session, pair (``A_vs_C``, ``B_vs_C``, ``A_vs_B``, ``A_vs_D``,
+  ``D_vs_B``; the second setup is the reference), layer and T3 token: relative L2
+  ``‖x − r‖ / ‖r‖`` and cosine of the block outputs;
 - ``compaction_next_token``: per session, pair and T3 token: ``KL(p_ref ‖ p_x)`` of the next-token
   distribution (nats) and whether the argmax agrees;
-- ``compaction_decode``: greedy continuations of ``max_new_tokens`` after T3 (A through
-  :meth:`~trajscope.model.ModelHandle.masked_decode`): the first generated index where A or B
+- ``compaction_decode``: greedy continuations of ``max_new_tokens`` after T3 (every setup through
+  :meth:`~trajscope.model.ModelHandle.masked_decode`): the first generated index where A, B or D
   leaves C's tokens (null when it never does) and the fraction of agreeing tokens;
 - ``compaction_probe``: a linear probe (:mod:`trajscope.studies.probe`) reading each session's
   ``label`` (synthetic sessions: the masked number's first digit) from the last T3 token's block
-  output, per layer, fitted and scored on a disjoint held-out split under A, B and C (and fitted
+  output, per layer, fitted and scored on a disjoint held-out split under each setup (and fitted
   under C, read under A and B), against chance and a shuffled-label control, with bootstrap
   intervals over held-out sessions;
 - ``compaction_sessions``: the sessions, their split and segment lengths; ``compaction_summary``:
@@ -37,7 +45,7 @@ forward returns no attention rows, and this study does not reach into the model 
 
 A *planted* run (``plant_strength > 0``) adds ``plant_strength · u_label`` (one fixed random unit
 direction per class) to block ``plant_layer``'s output at every T1 position, through the
-boundary's steering, in A and C (B has no T1): a known signal whose travel into T3 the probe
+boundary's steering, in A, C and D (B has no T1): a known signal whose travel into T3 the probe
 should see under C, and whose leak through the summary it measures under A.
 """
 
@@ -58,10 +66,10 @@ from trajscope.studies import probe as pr
 from trajscope.studies.sessions import Session, SessionTokens, tokenize_session
 from trajscope.trajectory import parquet_metadata
 
-SETUPS = ("A", "B", "C")
-PAIRS = (("A", "C"), ("B", "C"), ("A", "B"))
+SETUPS = ("A", "B", "C", "D")
+PAIRS = (("A", "C"), ("B", "C"), ("A", "B"), ("A", "D"), ("D", "B"))
 MASKED = ("t1", "t2")
-PROBE_RUNS = (("A", "A"), ("B", "B"), ("C", "C"), ("C", "A"), ("C", "B"))
+PROBE_RUNS = (("A", "A"), ("B", "B"), ("C", "C"), ("D", "D"), ("C", "A"), ("C", "B"))
 TABLES = ("sessions", "states", "next_token", "decode", "probe", "summary")
 
 
@@ -76,9 +84,10 @@ class SetupInput:
 
 
 def setup_input(tokens: SessionTokens, setup: str, masked: Sequence[str] = MASKED) -> SetupInput:
-    """The ids, key mask and T3 span of ``setup`` (``"A"``, ``"B"`` or ``"C"``) for one session.
+    """The ids, key mask and T3 span of ``setup`` (``"A"``, ``"B"``, ``"C"`` or ``"D"``) for one session.
 
-    ``masked`` names the segments A hides (default T1 and T2; ``()`` makes A identical to C).
+    ``masked`` names the segments A and D hide (default T1 and T2; ``()`` makes A and D identical to C).
+    A's mask applies from T3's first position, D's from the summary's.
     """
     if setup not in SETUPS:
         raise TrajscopeError(f"Unknown compaction setup '{setup}'; use one of {', '.join(SETUPS)}.")
@@ -86,11 +95,11 @@ def setup_input(tokens: SessionTokens, setup: str, masked: Sequence[str] = MASKE
     ids = tokens.restart_ids if restart else tokens.ids
     t3 = tokens.span("t3", restart=restart)
     keep = torch.ones(len(ids), dtype=torch.bool)
-    if setup == "A":
+    if setup in ("A", "D"):
         for seg in masked:
             a, b = tokens.span(seg)
             keep[a:b] = False
-    return SetupInput(ids, keep, t3[0], t3)
+    return SetupInput(ids, keep, tokens.span("summary")[0] if setup == "D" else t3[0], t3)
 
 
 def _plant_steering(tokens: SessionTokens, direction: torch.Tensor, layer: int, strength: float) -> tuple[list, int]:
@@ -105,7 +114,7 @@ def run_setup(model: Any, tokens: SessionTokens, setup: str, *, layers: Sequence
     """Teacher-forced forward of one setup; the T3 rows only.
 
     Args:
-        plant: ``(direction [d], layer, strength)`` added to T1's positions (A and C; B has no T1).
+        plant: ``(direction [d], layer, strength)`` added to T1's positions (A, C, D; B has no T1).
     Returns:
         ``(logits [n_t3, vocab], {layer: [n_t3, d_model]})``, row ``i`` = T3 token ``i``.
     """
@@ -137,8 +146,9 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
-def greedy_continuations(model: Any, tokens: SessionTokens, n: int, masked: Sequence[str] = MASKED) -> dict[str, list[int]]:
-    """``{setup: the n greedy tokens after T3}``; A through the boundary's masked decode from T3's start."""
+def greedy_continuations(model: Any, tokens: SessionTokens, n: int,
+                         masked: Sequence[str] = MASKED) -> dict[str, list[int]]:
+    """``{setup: the n greedy tokens after T3}``, each through the boundary's masked decode (from its ``mask_from``)."""
     out = {}
     for s in SETUPS:
         inp = setup_input(tokens, s, masked)
@@ -152,6 +162,44 @@ def plant_directions(n_classes: int, d_model: int, seed: int = 0) -> torch.Tenso
     g = torch.Generator().manual_seed(seed)
     q, _ = torch.linalg.qr(torch.randn(d_model, n_classes, generator=g, dtype=torch.float64))
     return q.T.float().contiguous()
+
+
+def measure_session(model: Any, tokens: SessionTokens, layers: Sequence[int], *, masked: Sequence[str] = MASKED,
+                    plant: tuple[torch.Tensor, int, float] | None = None,
+                    max_new_tokens: int = 0) -> tuple[pl.DataFrame, pl.DataFrame, list[dict], dict[str, torch.Tensor]]:
+    """Every measure of one session (module docstring).
+
+    Returns:
+        ``(states, next_token, decode_rows, last)``: the session's rows of ``compaction_states`` and
+        ``compaction_next_token``, its ``compaction_decode`` rows (none when ``max_new_tokens`` is 0), and
+        ``{setup: [n_layers, d_model]}`` the last T3 token's block outputs (the probe's features).
+    """
+    sid = pl.lit(tokens.session_id)
+    runs = {s: run_setup(model, tokens, s, layers=layers, masked=masked, plant=plant) for s in SETUPS}
+    idx = list(range(tokens.n_t3))
+    states, kls = [], []
+    for x, ref in PAIRS:
+        pair = pl.lit(f"{x}_vs_{ref}")
+        for layer in layers:
+            rel, cos = state_distances(runs[x][1][layer], runs[ref][1][layer])
+            states.append(pl.DataFrame({"t3_index": idx, "rel_l2": rel.numpy(), "cosine": cos.numpy()})
+                          .select(session_id=sid, pair=pair, layer=pl.lit(layer, pl.Int32), t3_index="t3_index",
+                                  rel_l2="rel_l2", cosine="cosine"))
+        kl = next_token_kl(runs[ref][0], runs[x][0]).numpy()
+        agree = (runs[ref][0].argmax(-1) == runs[x][0].argmax(-1)).numpy()
+        kls.append(pl.DataFrame({"t3_index": idx, "kl": kl, "top1_agrees": agree})
+                   .select(session_id=sid, pair=pair, t3_index="t3_index", kl="kl", top1_agrees="top1_agrees"))
+    decode = []
+    if max_new_tokens:
+        cont = greedy_continuations(model, tokens, max_new_tokens, masked)
+        for s in ("A", "B", "D"):
+            decode.append(dict(session_id=tokens.session_id, setup=s,
+                               first_divergence=first_divergence(cont[s], cont["C"]),
+                               agree_fraction=float(np.mean([a == c for a, c in zip(cont[s], cont["C"])])),
+                               n_new=max_new_tokens, text=model.tokenizer.decode(cont[s]),
+                               text_full=model.tokenizer.decode(cont["C"])))
+    last = {s: torch.stack([runs[s][1][layer][-1] for layer in layers]) for s in SETUPS}
+    return pl.concat(states), pl.concat(kls), decode, last
 
 
 @dataclasses.dataclass
@@ -222,7 +270,7 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
                test_fraction: float = 0.3, seed: int = 0, plant_strength: float = 0.0, plant_layer: int = 0,
                level: float = 0.95, n_boot: int = 1000,
                progress: Callable[[int, int], None] | None = None) -> CompactionResult:
-    """Run setups A, B and C on every session and measure how they differ (module docstring).
+    """Run setups A, B, C and D on every session and measure how they differ (module docstring).
 
     Args:
         model: a local :class:`~trajscope.model.ModelHandle`.
@@ -265,27 +313,12 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
     feats = {s: torch.zeros(len(sessions), len(layers), model.d_model) for s in SETUPS}
     for i, (sess, tok) in enumerate(zip(sessions, toks)):
         plant = (dirs[classes.index(int(sess.label))], plant_layer, plant_strength) if planting else None
-        runs = {s: run_setup(model, tok, s, layers=layers, masked=masked, plant=plant) for s in SETUPS}
-        idx = list(range(tok.n_t3))
-        for s, (_, resid) in runs.items():
-            feats[s][i] = torch.stack([resid[layer][-1] for layer in layers])
-        for x, ref in PAIRS:
-            pair = f"{x}_vs_{ref}"
-            for layer in layers:
-                rel, cos = state_distances(runs[x][1][layer], runs[ref][1][layer])
-                states.append(pl.DataFrame({"t3_index": idx, "rel_l2": rel.numpy(), "cosine": cos.numpy()}).with_columns(
-                    session_id=pl.lit(sess.session_id), pair=pl.lit(pair), layer=pl.lit(layer, pl.Int32)))
-            kl = next_token_kl(runs[ref][0], runs[x][0])
-            agree = runs[ref][0].argmax(-1) == runs[x][0].argmax(-1)
-            kls.append(pl.DataFrame({"t3_index": idx, "kl": kl.numpy(), "top1_agrees": agree.numpy()}).with_columns(
-                session_id=pl.lit(sess.session_id), pair=pl.lit(pair)))
-        if n_decode:
-            cont = greedy_continuations(model, tok, n_decode, masked)
-            for s in ("A", "B"):
-                agree = float(np.mean([a == c for a, c in zip(cont[s], cont["C"])]))
-                decode.append(dict(session_id=sess.session_id, setup=s, first_divergence=first_divergence(cont[s], cont["C"]),
-                                   agree_fraction=agree, n_new=n_decode, text=model.tokenizer.decode(cont[s]),
-                                   text_full=model.tokenizer.decode(cont["C"])))
+        st, kl, dec, last = measure_session(model, tok, layers, masked=masked, plant=plant, max_new_tokens=n_decode)
+        states.append(st)
+        kls.append(kl)
+        decode.extend(dec)
+        for s in SETUPS:
+            feats[s][i] = last[s]
         if progress is not None:
             progress(i + 1, len(sessions))
 
@@ -293,9 +326,6 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
         "session_id": [s.session_id for s in sessions], "split": ["test" if t else "train" for t in split] if probe
         else ["all"] * len(sessions), "label": pl.Series(labels, dtype=pl.Int64), "fact": [s.fact for s in sessions],
         **{f"n_{k}": [len(t.segments[k]) for t in toks] for k in ("sys", "t1", "t2", "summary", "t3")}})
-    key_cols = ["session_id", "pair"]
-    states_df = (pl.concat(states).select(*key_cols, "layer", "t3_index", "rel_l2", "cosine") if states else pl.DataFrame())
-    kl_df = pl.concat(kls).select(*key_cols, "t3_index", "kl", "top1_agrees") if kls else pl.DataFrame()
     dec_schema = dict(session_id=pl.Utf8, setup=pl.Utf8, first_divergence=pl.Int32, agree_fraction=pl.Float64,
                       n_new=pl.Int32, text=pl.Utf8, text_full=pl.Utf8)
     probe_df = probe_table(feats, torch.tensor(labels), layers, train_idx, test_idx, seed=seed, level=level,
@@ -304,7 +334,8 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
                     masked=list(masked), probe=probe, test_fraction=test_fraction, seed=seed,
                     plant_strength=plant_strength, plant_layer=plant_layer, level=level, n_boot=n_boot,
                     attention_mass="not measured: the boundary's masked forward returns no attention rows")
-    return CompactionResult(sess_df, states_df, kl_df, pl.DataFrame(decode, schema=dec_schema), probe_df, settings)
+    return CompactionResult(sess_df, pl.concat(states), pl.concat(kls), pl.DataFrame(decode, schema=dec_schema),
+                            probe_df, settings)
 
 
 def probe_table(features: dict[str, torch.Tensor], labels: torch.Tensor, layers: Sequence[int], train_idx: np.ndarray,

@@ -40,11 +40,13 @@ def register(study_subparsers: Any) -> argparse.ArgumentParser:
     p = study_subparsers.add_parser(
         "compaction", help="context compaction: masking vs restart, and what the masked past leaves in the states",
         description="For each session <sys> <T1> <T2> <summary> <T3>: run T3 with T1/T2 masked from T3 on (A, the "
-                    "summary's states kept), restarted from <sys> <summary> (B) and with nothing masked (C); compare "
+                    "summary's states kept), restarted from <sys> <summary> (B), with nothing masked (C) and, as a "
+                    "control, with T1/T2 masked from the summary on (D); compare "
                     "hidden states per layer and T3 token, next-token KL and greedy continuations, and probe the "
                     "masked fact from T3's last hidden state on held-out sessions.",
         epilog=f"example:\n  {EXAMPLE}", formatter_class=_Formatter)
-    p.add_argument("--model", default="sample", help="'sample' (shipped), a model directory or a cached Hugging Face name")
+    p.add_argument("--model", default="sample",
+                   help="'sample' (shipped), a model directory or a cached Hugging Face name")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: CUDA when present)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -112,10 +114,11 @@ def cmd_compaction(args: argparse.Namespace) -> int:
         print(res.summary(n_boot=args.n_boot).select("metric", "pair", "layer", fmt, "n_sessions"))
         if not res.probe.is_empty():
             acc = pl.format("{} [{}, {}]", *[pl.col(c).round(3) for c in ("accuracy", "lo", "hi")])
-            print(f"probe: held-out accuracy [95% bootstrap over held-out sessions], chance = majority class")
-            print(res.probe.with_columns(acc.alias("acc [CI]"), pl.format("{}→{}", "train_setup", "test_setup")
-                                         .alias("setup")).pivot("control", index=["layer", "setup"], values="acc [CI]")
-                  .join(res.probe.group_by("layer").agg(pl.col("majority").first(), pl.col("n_test").first()), on="layer")
+            print("probe: held-out accuracy [95% bootstrap over held-out sessions], chance = majority class")
+            table = res.probe.with_columns(acc.alias("acc [CI]"),
+                                           pl.format("{}→{}", "train_setup", "test_setup").alias("setup"))
+            base = res.probe.group_by("layer").agg(pl.col("majority").first(), pl.col("n_test").first())
+            print(table.pivot("control", index=["layer", "setup"], values="acc [CI]").join(base, on="layer")
                   .sort("layer", "setup"))
     print(f"written to {out}/ (compaction_*.parquet, settings.json, sessions.jsonl)", file=sys.stderr)
     return 0

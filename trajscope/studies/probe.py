@@ -54,7 +54,8 @@ def bootstrap_interval(values: Sequence[float] | np.ndarray, *, level: float = 0
     return est, float(lo), float(hi)
 
 
-def split_sessions(n: int, test_fraction: float = 0.3, seed: int = 0, min_per_split: int = 4) -> tuple[np.ndarray, np.ndarray]:
+def split_sessions(n: int, test_fraction: float = 0.3, seed: int = 0,
+                   min_per_split: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """A seeded disjoint split of ``n`` sessions: ``(train_idx, test_idx)``, sorted index arrays.
 
     Raises:
@@ -65,8 +66,8 @@ def split_sessions(n: int, test_fraction: float = 0.3, seed: int = 0, min_per_sp
     n_test = int(round(n * test_fraction))
     if n_test < min_per_split or n - n_test < min_per_split:
         need = int(np.ceil(min_per_split / min(test_fraction, 1 - test_fraction)))
-        raise TrajscopeError(f"{n} sessions are too few to hold out {test_fraction:.0%} for the probe (each split needs "
-                             f"at least {min_per_split}); give at least {need} sessions or use --no-probe.")
+        raise TrajscopeError(f"{n} sessions are too few to hold out {test_fraction:.0%} for the probe (each split "
+                             f"needs at least {min_per_split}); give at least {need} sessions or turn the probe off.")
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
@@ -100,8 +101,9 @@ def fit_ridge_probe(x: torch.Tensor, y: Sequence[int] | torch.Tensor, lambdas: S
     """Fit a ridge classifier on ``x [n, d]`` and labels ``y [n]``; λ by exact leave-one-out accuracy.
 
     Leave-one-out predictions come from the hat matrix: with ``H = K (K + λI)⁻¹`` (``K = Z Zᵀ`` of the
-    centred, standardised features and centred one-hot targets ``Yc``), ``ŷ₋ᵢ = (ŷᵢ − Hᵢᵢ Ycᵢ) / (1 − Hᵢᵢ)``
-    (the intercept's own leave-one-out effect is ignored: a small approximation for n ≫ 1).
+    centred, standardised features and centred one-hot targets ``Yc``),
+    ``ŷ₋ᵢ = (ŷᵢ − Hᵢᵢ Ycᵢ) / (1 − Hᵢᵢ)`` (the intercept's own leave-one-out effect is ignored:
+    a small approximation for n ≫ 1).
     """
     x = torch.as_tensor(x).double()
     y = torch.as_tensor(y).long()
