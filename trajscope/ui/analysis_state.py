@@ -44,33 +44,55 @@ class DriftSettings(param.Parameterized):
     thresholds = param.Dict(default={}, doc="Calibrated drift threshold per layer, from the profile.")
     fpr = param.Number(default=None, allow_None=True, doc="False-positive rate the thresholds were calibrated to.")
 
-    def compute(self, traj: Trajectory | None) -> None:
-        """Fill ``drift`` (or ``message``) for ``traj``."""
-        from trajscope.metrics.residual_drift import drift_table
+    def profile(self):
+        """The profile at ``profile_path`` (cached per path); sets ``thresholds`` and ``fpr``.
+
+        Raises:
+            TrajscopeError: no file there, or not a profile.
+        """
         from trajscope.profile import ReferenceProfile
 
+        if getattr(self, "_profile_path", None) != self.profile_path:
+            self._profile, self._profile_path = None, self.profile_path
+            if not pathlib.Path(self.profile_path).is_file():
+                raise TrajscopeError(f"No profile at {self.profile_path}; build one with "
+                                     "`trajscope profile --prompts FILE --model M --out PROFILE`.")
+            prof = ReferenceProfile.load(self.profile_path)
+            self.thresholds = {i: float(t) for i, t in enumerate(prof.threshold.tolist())}
+            self.fpr = prof.info.get("fpr")
+            self._profile = prof
+        if self._profile is None:
+            raise TrajscopeError(f"No profile at {self.profile_path}.")
+        return self._profile
+
+    @staticmethod
+    def score(traj: Trajectory, prof) -> tuple[pl.DataFrame | None, str]:
+        """``(drift_table, "")`` for ``traj`` against ``prof``, or ``(None, why not)``. Pure; safe off the event loop."""
+        from trajscope.metrics.residual_drift import drift_table
+
+        kept = {int(k.split(".")[1]) for k in traj.tensors if k.startswith("residual.")}
+        if not kept:
+            return None, ("This run kept no residuals, so there is nothing to score. Generate it again (the app "
+                          "keeps the Drift card's layers), or add layers under 'Keep residuals of layers'.")
+        try:
+            m = traj.meta["model"]
+            prof.check_model(m["n_layers"], m["d_model"], m["model_id"])
+            return drift_table(traj, prof, layers=sorted(kept)), ""
+        except TrajscopeError as exc:
+            return None, str(exc)
+
+    def compute(self, traj: Trajectory | None) -> None:
+        """Fill ``drift`` (or ``message``) for ``traj`` (on the calling thread)."""
         self.drift, self.message = None, ""
         if traj is None:
             self.message = "No run yet."
             return
-        n_layers = traj.meta["model"]["n_layers"]
-        kept = {int(k.split(".")[1]) for k in traj.tensors if k.startswith("residual.")}
-        if not kept:
-            self.message = ("Drift needs the residuals of the run: set 'layers to keep' to all (or some layers) "
-                            "and generate again.")
-            return
-        if not pathlib.Path(self.profile_path).is_file():
-            self.message = (f"No profile at {self.profile_path}; build one with "
-                            "`trajscope profile --prompts FILE --model M --out PROFILE`.")
-            return
         try:
-            prof = ReferenceProfile.load(self.profile_path)
-            prof.check_model(n_layers, traj.meta["model"]["d_model"], traj.meta["model"]["model_id"])
-            self.thresholds = {i: float(t) for i, t in enumerate(prof.threshold.tolist())}
-            self.fpr = prof.info.get("fpr")
-            self.drift = drift_table(traj, prof, layers=sorted(kept))
+            prof = self.profile()
         except TrajscopeError as exc:
             self.message = str(exc)
+            return
+        self.drift, self.message = self.score(traj, prof)
 
 
 class SteeringSettings(param.Parameterized):

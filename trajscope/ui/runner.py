@@ -8,9 +8,10 @@ sessions asking at once take turns instead of interleaving on one model.
 :class:`GenerationJob` runs load + capture on a worker thread so the event loop
 stays free. It never touches Panel: every result goes through ``dispatch``, a
 callable the view supplies that runs a function on the session's event loop
-(in tests, ``dispatch`` can simply call it). Progress events are forwarded every
-step (cheap); a partial :class:`~trajscope.Trajectory` (which costs a table
-build) at most every ``partial_every_s`` seconds.
+(in tests, ``dispatch`` can simply call it). Finished steps are buffered and
+forwarded in batches a few times a second, so a fast model never floods the
+event loop; the settings are a :class:`~trajscope.ui.plan.CapturePlan` frozen
+when Generate was pressed.
 
 The NDIF API key is passed to :func:`trajscope.load_model` through the
 ``NDIF_API_KEY`` environment variable only for the duration of the load (under a
@@ -86,34 +87,43 @@ def _scrub(message: str, secret: str | None) -> str:
 
 
 class GenerationJob:
-    """Load (cached) + capture on a worker thread, reporting through ``dispatch``.
+    """Load (cached) + capture on a worker thread, reporting through ``dispatch`` in batches.
+
+    The worker only appends each finished step to a buffer; at most every ``flush_every_s``
+    seconds it dispatches one flush that hands the new steps to ``on_progress`` as a list, so
+    the event loop handles a few updates per second however fast the model is. A partial
+    :class:`~trajscope.Trajectory` (a table build) is only made when ``on_partial`` is given,
+    on the worker thread, at most every ``partial_every_s`` seconds.
 
     Args:
         source, remote, api_key: the model (see :func:`get_model`).
         prompt: text to continue.
-        capture_kwargs: passed to :func:`trajscope.capture` (max_new_tokens, temperature, …).
+        plan: a :class:`~trajscope.ui.plan.CapturePlan` (or a plain ``CaptureConfig``) frozen when
+            Generate was pressed; resolved for the model once it is loaded, never re-read from the UI.
         dispatch: ``dispatch(fn)`` runs ``fn()`` on the UI's event loop.
-        on_progress: ``(event: StepEvent)`` after each step.
-        on_partial: ``(traj)`` with the steps so far, throttled to ``partial_every_s``.
-        on_done: ``(traj)`` with the finished (or cancelled) run.
+        on_progress: ``(events: list[StepEvent])`` the steps finished since the last call.
+        on_done: ``(traj)`` with the finished (or cancelled) run, after the last ``on_progress``.
         on_error: ``(message: str)`` one sentence; the API key is scrubbed from it.
-        layer_check: ``(n_layers) -> capture_kwargs`` re-validates settings once the model is known.
+        on_partial: ``(traj)`` with the steps so far (optional).
     """
 
-    def __init__(self, source: str, prompt: str, capture_kwargs: dict, dispatch: Callable[[Callable[[], None]], None],
-                 on_progress: Callable[[Any], None], on_partial: Callable[[Any], None],
-                 on_done: Callable[[Any], None], on_error: Callable[[str], None], remote: bool = False,
-                 api_key: str | None = None, partial_every_s: float = 0.5,
-                 layer_check: Callable[[int], dict] | None = None, loader: Callable | None = None):
-        self.source, self.prompt, self.kwargs = source, prompt, dict(capture_kwargs)
+    def __init__(self, source: str, prompt: str, plan: Any, dispatch: Callable[[Callable[[], None]], None],
+                 on_progress: Callable[[list], None], on_done: Callable[[Any], None], on_error: Callable[[str], None],
+                 remote: bool = False, api_key: str | None = None, flush_every_s: float = 0.2,
+                 on_partial: Callable[[Any], None] | None = None, partial_every_s: float = 2.0,
+                 loader: Callable | None = None):
+        self.source, self.prompt, self.plan = source, prompt, plan
         self.remote, self._api_key = remote, api_key
         self.dispatch = dispatch
         self.on_progress, self.on_partial, self.on_done, self.on_error = on_progress, on_partial, on_done, on_error
-        self.partial_every_s = partial_every_s
-        self.layer_check, self.loader = layer_check, loader
+        self.flush_every_s, self.partial_every_s = flush_every_s, partial_every_s
+        self.loader = loader
         self.cancel = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trajscope-generate", daemon=True)
-        self._last_partial = 0.0
+        self.config = None  # the CaptureConfig actually used, once the model is known
+        self._last_flush = self._last_partial = 0.0
+        self._buffer: list = []
+        self._buffer_lock = threading.Lock()
         self._queue: collections.deque = collections.deque()
 
     def start(self) -> "GenerationJob":
@@ -138,26 +148,44 @@ class GenerationJob:
                 return
             fn()
 
+    def _flush(self) -> None:
+        """Send the buffered steps as one ``on_progress`` call (nothing when the buffer is empty)."""
+        with self._buffer_lock:
+            events, self._buffer = self._buffer, []
+        if events:
+            self._send(lambda: self.on_progress(events))
+
     def _on_step(self, event: Any) -> None:
-        self._send(lambda: self.on_progress(event))
+        with self._buffer_lock:
+            self._buffer.append(event)
         now = time.monotonic()
-        if now - self._last_partial >= self.partial_every_s:
+        if now - self._last_flush >= self.flush_every_s:
+            self._last_flush = now
+            self._flush()
+        if self.on_partial is not None and now - self._last_partial >= self.partial_every_s:
             self._last_partial = now
             traj = event.partial()
             self._send(lambda: self.on_partial(traj))
 
+    def _config(self, model: ModelHandle):
+        plan = self.plan
+        return plan.for_model(model.n_layers) if hasattr(plan, "for_model") else plan
+
     def _run(self) -> None:
         try:
             model = get_model(self.source, self.remote, self._api_key, loader=self.loader)
-            kwargs = self.layer_check(model.n_layers) if self.layer_check else self.kwargs
-            self._last_partial = time.monotonic()
-            traj = capture(model, self.prompt, on_step=self._on_step, cancel=self.cancel, **kwargs)
+            self.config = self._config(model)
+            self._last_flush = self._last_partial = time.monotonic()
+            traj = capture(model, self.prompt, self.config, on_step=self._on_step, cancel=self.cancel)
         except TrajscopeError as exc:
             msg = _scrub(str(exc), self._api_key)
+            self._flush()
             self._send(lambda: self.on_error(msg))
         except Exception as exc:  # an unexpected failure still leaves the app usable
             first = (str(exc).splitlines() or [""])[0]
             msg = _scrub(f"Generation failed: {type(exc).__name__}: {first}", self._api_key)
+            self._flush()
             self._send(lambda: self.on_error(msg))
         else:
+            self._flush()
             self._send(lambda: self.on_done(traj))

@@ -8,7 +8,8 @@ the prefill pass and step s ≥ 1 is the decode pass whose query is the token at
 ``max(0, pos − P + 1)``.
 
 Also here: the generation settings a user types (model source, prompt, sampling,
-layers to keep) turned into :func:`trajscope.capture` keyword arguments, and the
+layers to keep) plus the layers the cards on screen need, frozen into a
+:class:`~trajscope.ui.plan.CapturePlan` when Generate is pressed, and the
 status line / error message that views show as notifications. The NDIF API key
 lives only in this object's memory: it is never written into a run's meta, an
 export or a log line.
@@ -19,9 +20,11 @@ from __future__ import annotations
 import param
 import polars as pl
 
+from trajscope.capture.config import CaptureConfig
 from trajscope.errors import TrajscopeError
 from trajscope.metrics.attention import TELEMETRY_FIELDS, step_queries
 from trajscope.trajectory import Trajectory
+from trajscope.ui.plan import CapturePlan
 
 DEMO_PROMPT = "def fibonacci(n):\n    "
 MEAN = -1  # head index meaning "mean over heads"
@@ -40,8 +43,8 @@ def token_metric_choices(tokens: pl.DataFrame) -> dict[str, str]:
     return {**TOKEN_METRICS, **extra}
 
 
-def parse_layers(text: str, n_layers: int | None = None) -> str | list[int] | None:
-    """Parse a "layers to keep" field: ``"all"``, ``"none"``/empty, or comma-separated indices.
+def parse_layers(text: str, n_layers: int | None = None, what: str = "layers") -> str | list[int] | None:
+    """Parse a "keep … of layers" field: ``"all"``, ``"none"``/empty, or comma-separated indices.
 
     Raises:
         TrajscopeError: for anything else, or an index outside ``0..n_layers-1`` when known.
@@ -54,9 +57,9 @@ def parse_layers(text: str, n_layers: int | None = None) -> str | list[int] | No
     try:
         layers = sorted({int(t) for t in text.replace(" ", ",").split(",") if t})
     except ValueError:
-        raise TrajscopeError(f"Layers to keep must be 'all', 'none' or indices like '0,3', not '{text}'.") from None
+        raise TrajscopeError(f"Keep {what} of layers: type 'all', 'none' or indices like '0,3', not '{text}'.") from None
     if n_layers is not None and any(not 0 <= layer < n_layers for layer in layers):
-        raise TrajscopeError(f"Layers to keep: the model has layers 0..{n_layers - 1}, not {layers}.")
+        raise TrajscopeError(f"Keep {what} of layers: the model has layers 0..{n_layers - 1}, not {layers}.")
     return layers
 
 
@@ -81,10 +84,13 @@ class AppState(param.Parameterized):
     remote = param.Boolean(default=False, doc="Run on NDIF (needs an API key).")
     ndif_api_key = param.String(default="", doc="NDIF API key; kept in memory only, never saved, exported or logged.")
     prompt = param.String(default=DEMO_PROMPT, doc="Prompt text to continue.")
-    max_new_tokens = param.Integer(default=64, bounds=(1, 4096), doc="Decode steps to run at most.")
+    max_new_tokens = param.Integer(default=64, doc="Decode steps to run at most (≥ 1; checked when Generate is pressed).")
     temperature = param.Number(default=0.0, bounds=(0.0, 5.0), doc="0 = greedy; > 0 samples with this temperature.")
     seed = param.Integer(default=0, doc="Random seed for sampling (ignored when greedy).")
     keep_attention = param.String(default="all", doc="Layers whose full attention rows are kept for the heatmap: 'all', 'none' or '0,3'.")
+    keep_residuals = param.String(default="none", doc="Layers whose residuals are kept besides those the SAE and Drift cards need: 'all', 'none' or '0,3'.")
+    sae_layer = param.Integer(default=None, allow_None=True, doc="Layer of the SAE the SAE card shows (its residuals are captured).")
+    drift_layers = param.List(default=[], item_type=int, doc="Layers the Drift card scores (their residuals are captured).")
     run_path = param.String(default="", doc="Path of a saved run directory to open.")
 
     # -- activity ----------------------------------------------------------------------------
@@ -171,16 +177,24 @@ class AppState(param.Parameterized):
         self.error = message
         self.status = message
 
-    def capture_kwargs(self, n_layers: int | None = None) -> dict:
-        """Keyword arguments for :func:`trajscope.capture` from the settings.
+    def capture_plan(self) -> CapturePlan:
+        """What Generate captures, frozen now: the typed settings plus the layers the cards on screen need.
+
+        Residuals: the "keep residuals" layers, the SAE's layer and the Drift card's layers. Full
+        attention rows: the "keep full attention rows" layers and the layer shown in the heatmap.
 
         Raises:
-            TrajscopeError: empty prompt or an unreadable "layers to keep" field.
+            TrajscopeError: empty prompt, max new tokens < 1, or an unreadable layers field.
         """
         if not self.prompt.strip():
             raise TrajscopeError("The prompt is empty; type some text to continue.")
-        return {"max_new_tokens": int(self.max_new_tokens), "temperature": float(self.temperature),
-                "seed": int(self.seed), "attention_layers": parse_layers(self.keep_attention, n_layers)}
+        if self.max_new_tokens is None or int(self.max_new_tokens) < 1:
+            raise TrajscopeError(f"Max new tokens must be at least 1 (it is {self.max_new_tokens}).")
+        want_res = tuple(sorted({*(self.drift_layers or ()), *(() if self.sae_layer is None else (self.sae_layer,))}))
+        config = CaptureConfig(max_new_tokens=int(self.max_new_tokens), temperature=float(self.temperature),
+                               seed=int(self.seed), residual_layers=parse_layers(self.keep_residuals, None, "residuals"),
+                               attention_layers=parse_layers(self.keep_attention, None, "full attention rows"))
+        return CapturePlan(config, want_residuals=want_res, want_attention=(int(self.layer),))
 
     def model_key(self) -> tuple[str, bool]:
         """What identifies the model to load: ``(source, remote)`` (never the key)."""

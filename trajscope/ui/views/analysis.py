@@ -23,7 +23,7 @@ import param
 from trajscope.errors import TrajscopeError
 from trajscope.ui import analysis_plots as ap
 from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths
-from trajscope.ui.views._base import StateView, dispatcher
+from trajscope.ui.views._base import StateView, dispatcher, in_background
 
 PROXY_NOTE = ("Drift score = diagonal Mahalanobis distance of the residual to the prefill mean, ÷ √d (≈ 1 for "
               "prefill positions). It treats dimensions independently: a triage signal for where to look, "
@@ -38,26 +38,45 @@ class DriftView(StateView):
     def __init__(self, **params):
         params.setdefault("settings", DriftSettings())
         super().__init__(**params)
+        self._ticket = 0
         self.state.param.watch(self._recompute, "revision")
         self.settings.param.watch(self._recompute, "profile_path")
         self._recompute()
 
     def _recompute(self, *_) -> None:
-        """Score the run; put per-token flags on the token strip (``drift_flagged_layers``, ``drift_score_max``)."""
+        """Score the run off the event loop; tell the state which layers the profile scores."""
+        s = self.settings
+        self._ticket += 1
+        ticket, traj = self._ticket, self.state.trajectory
+        try:
+            prof = s.profile()
+            self.state.drift_layers = list(range(prof.n_layers))
+        except TrajscopeError as exc:
+            self.state.drift_layers = []
+            s.param.update(drift=None, message=str(exc))
+            return
+        if traj is None:
+            s.param.update(drift=None, message="No run yet.")
+            return
+        s.param.update(drift=None, message="Scoring the run against the profile…")
+        in_background(lambda: s.score(traj, prof), lambda res: self._apply(ticket, traj, res))
+
+    def _apply(self, ticket: int, traj, result) -> None:
+        """Show the drift table; put per-token flags on the token strip (``drift_flagged_layers``, ``drift_score_max``)."""
         import polars as pl
 
         from trajscope.ui.state import token_metric_choices
 
-        traj = self.state.trajectory
-        self.settings.compute(traj)
-        drift = self.settings.drift
-        if traj is None or drift is None:
+        if ticket != self._ticket:
             return
-        per = drift.group_by("pos").agg(pl.col("score").max().alias("drift_score_max"),
-                                        pl.col("flagged").sum().cast(pl.Int32).alias("drift_flagged_layers"))
-        traj.tokens = traj.tokens.drop("drift_score_max", "drift_flagged_layers", strict=False).join(
-            per, on="pos", how="left")
-        self.state.param.token_metric.objects = token_metric_choices(traj.tokens)
+        drift, message = result
+        if drift is not None:
+            per = drift.group_by("pos").agg(pl.col("score").max().alias("drift_score_max"),
+                                            pl.col("flagged").sum().cast(pl.Int32).alias("drift_flagged_layers"))
+            traj.tokens = traj.tokens.drop("drift_score_max", "drift_flagged_layers", strict=False).join(
+                per, on="pos", how="left")
+            self.state.param.token_metric.objects = token_metric_choices(traj.tokens)
+        self.settings.param.update(drift=drift, message=message)
 
     def _plots(self, drift, message):
         st = self.state

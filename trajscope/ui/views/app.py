@@ -26,6 +26,7 @@ from trajscope.ui.views.attention import AttentionView
 from trajscope.ui.views.controls import Controls
 from trajscope.ui.views.export import ExportView
 from trajscope.ui.views.features import FeaturesView
+from trajscope.ui.views.live import LiveView
 from trajscope.ui.views.player import StepPlayer
 from trajscope.ui.views.telemetry import TelemetryView
 from trajscope.ui.views.tokens import TokenStrip
@@ -73,6 +74,9 @@ class TrajScope(StateView):
         self.features = FeaturesView(state=self.state)
         self.drift = DriftView(state=self.state)
         self.steering = SteeringView(state=self.state)
+        self.live = LiveView(state=self.state)
+        self.controls.on_start.append(self.live.reset)
+        self.controls.listeners.append(self.live.append)
         self.state.param.watch(self._notify, "error")
         self._started = False
 
@@ -94,7 +98,7 @@ class TrajScope(StateView):
         card = dict(sizing_mode="stretch_width", collapsible=False, margin=(5, 5))
         return pn.Column(
             pn.pane.Markdown(INTRO, margin=(0, 10)),
-            pn.Card(self.player, title="Step", **card),
+            pn.Card(self.player, self.live, title="Step", **card),
             pn.Card(self.tokens, title="Tokens", **card),
             pn.Card(self.attention, title="Attention at the current step", **card),
             pn.Card(self.telemetry, title="Telemetry over steps", **card),

@@ -1,9 +1,11 @@
 """Controls: which model, what prompt, how to sample, what to keep; Generate / Stop; open a run.
 
-Generate runs load + capture on a worker thread (:class:`~trajscope.ui.runner.GenerationJob`);
-tokens, the step counter and (throttled) partial runs arrive on the session's
-event loop while the model works, so the page stays responsive. Stop sets the
-capture's cancel event: the run ends after the current step and keeps it.
+Generate freezes the settings (and the layers the cards on screen need) into a
+:class:`~trajscope.ui.plan.CapturePlan` and runs load + capture on a worker
+thread (:class:`~trajscope.ui.runner.GenerationJob`); the step counter, the
+text so far and the live figure get the new steps in batches a few times a
+second, and the full views are drawn once, when the run is finished. Stop sets
+the capture's cancel event: the run ends after the current step and keeps it.
 """
 
 from __future__ import annotations
@@ -25,26 +27,33 @@ class Controls(StateView):
     def __init__(self, **params):
         super().__init__(**params)
         self.job: GenerationJob | None = None
+        self.listeners: list = []  # ``fn(events)`` called with each batch of streamed steps (the live view)
+        self.on_start: list = []  # ``fn()`` called when a generation starts
 
     # -- generation --------------------------------------------------------------------------------
     def generate(self, event=None, dispatch=None, loader=None) -> GenerationJob | None:
-        """Start a generation with the current settings (ignored while one runs). Returns the job."""
+        """Start a generation with the current settings (ignored while one runs). Returns the job.
+
+        The settings are frozen into a :class:`~trajscope.ui.plan.CapturePlan` now; changing a widget
+        while the model loads or generates does not change this run.
+        """
         st = self.state
         if st.busy:
             return None
         try:
-            kwargs = st.capture_kwargs()
+            plan = st.capture_plan()
             source, remote = st.model_key()
         except TrajscopeError as exc:
             st.report(str(exc))
             return None
-        st.param.update(busy=True, progress=0, progress_max=kwargs["max_new_tokens"], live_text="", error="",
-                        status=f"Loading '{source}' and generating up to {kwargs['max_new_tokens']} tokens…")
+        n = plan.config.max_new_tokens
+        st.param.update(busy=True, progress=0, progress_max=n, live_text="", error="",
+                        status=f"Loading '{source}' and generating up to {n} tokens…")
+        for fn in self.on_start:
+            fn()
         self.job = GenerationJob(
-            source, st.prompt, kwargs, dispatch or dispatcher(), remote=remote,
-            api_key=st.ndif_api_key or None, on_progress=self._on_progress, on_partial=self._on_partial,
-            on_done=self._on_done, on_error=self._on_error, layer_check=st.capture_kwargs, loader=loader,
-            partial_every_s=1.0)
+            source, st.prompt, plan, dispatch or dispatcher(), remote=remote, api_key=st.ndif_api_key or None,
+            on_progress=self._on_progress, on_done=self._on_done, on_error=self._on_error, loader=loader)
         return self.job.start()
 
     def stop(self, event=None) -> None:
@@ -53,21 +62,21 @@ class Controls(StateView):
             self.job.stop()
             self.state.status = "Stopping after the current step…"
 
-    def _on_progress(self, ev) -> None:
-        st = self.state
-        st.param.update(progress=ev.step + 1, live_text=st.live_text + ev.text,
-                        status=f"Generating: step {ev.step} of {ev.max_steps - 1}")
-
-    def _on_partial(self, traj) -> None:
-        if self.state.busy:
-            self.state.set_trajectory(traj, step=max(0, traj.n_steps - 1))
+    def _on_progress(self, events) -> None:
+        st, last = self.state, events[-1]
+        text = (st.live_text + "".join(e.text for e in events))[-2000:]
+        status = st.status if self.job is not None and self.job.cancel.is_set() else \
+            f"Generating: step {last.step} of {last.max_steps - 1}"
+        st.param.update(progress=last.step + 1, live_text=text, status=status)
+        for fn in self.listeners:
+            fn(events)
 
     def _on_done(self, traj) -> None:
         st = self.state
         st.set_trajectory(traj, step=max(0, traj.n_steps - 1))
-        st.param.update(busy=False, progress=st.progress_max,
+        st.param.update(busy=False, progress=st.progress_max, error="",
                         status=f"Done: {traj.meta.get('n_generated')} tokens in {traj.n_steps} steps "
-                               f"(stopped by {traj.meta.get('stop_reason')}). Step with ◀ ▶ or the arrow keys.")
+                               f"(stopped by {traj.meta.get('stop_reason')}). Step with the player or the arrow keys.")
 
     def _on_error(self, message: str) -> None:
         self.state.busy = False
@@ -105,8 +114,12 @@ class Controls(StateView):
                                           description="0 = greedy (argmax); above 0 samples with the seed.")
         seed = pn.widgets.IntInput.from_param(st.param.seed, name="Seed", width=75)
         keep = pn.widgets.TextInput.from_param(st.param.keep_attention, name="Keep full attention rows of layers",
-                                               description="'all', 'none' or indices like '0,3'. Other layers show "
-                                               "their top-8 keys only.")
+                                               description="'all', 'none' or indices like '0,3'. The layer shown in "
+                                               "the heatmap is always kept; other layers show their top-8 keys only.")
+        keep_res = pn.widgets.TextInput.from_param(
+            st.param.keep_residuals, name="Keep residuals of layers", css_classes=["ts-keep-residuals"],
+            description="'all', 'none' or indices like '0,3'. The SAE's layer and the Drift card's layers are "
+                        "always kept; add layers here to export their residuals or to switch SAE / profile later.")
         gen = pn.widgets.Button(label="Generate", color="primary", width=130, css_classes=["ts-generate"])
         stop = pn.widgets.Button(label="Stop", color="danger", width=90, disabled=True, css_classes=["ts-stop"])
         gen.on_click(self.generate)
@@ -133,6 +146,6 @@ class Controls(StateView):
         open_btn = pn.widgets.Button(label="Open run", width=110, css_classes=["ts-open"])
         open_btn.on_click(self.open_run)
         return pn.Column(
-            "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep,
+            "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res,
             pn.Row(gen, stop), bar, status, live, alert,
             pn.layout.Divider(), path, open_btn, sizing_mode="stretch_width")
