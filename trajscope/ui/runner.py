@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -33,6 +34,7 @@ from trajscope.capture import capture
 from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle, load_model
 
+log = logging.getLogger(__name__)
 _MODELS: dict[tuple, ModelHandle] = {}
 _MODELS_LOCK = threading.Lock()
 _ENV_LOCK = threading.Lock()
@@ -121,6 +123,7 @@ class GenerationJob:
         self.cancel = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trajscope-generate", daemon=True)
         self.config = None  # the CaptureConfig actually used, once the model is known
+        self.timings: dict[str, float] = {}  # load_s, capture_s (worker thread), for diagnostics and benchmarks
         self._last_flush = self._last_partial = 0.0
         self._buffer: list = []
         self._buffer_lock = threading.Lock()
@@ -146,7 +149,10 @@ class GenerationJob:
                 fn = self._queue.popleft()
             except IndexError:
                 return
-            fn()
+            try:
+                fn()
+            except Exception:  # one failing update must not swallow the ones queued after it (e.g. on_done)
+                log.exception("a generation update failed")
 
     def _flush(self) -> None:
         """Send the buffered steps as one ``on_progress`` call (nothing when the buffer is empty)."""
@@ -173,10 +179,14 @@ class GenerationJob:
 
     def _run(self) -> None:
         try:
+            t0 = time.monotonic()
             model = get_model(self.source, self.remote, self._api_key, loader=self.loader)
             self.config = self._config(model)
-            self._last_flush = self._last_partial = time.monotonic()
+            self._last_flush = self._last_partial = t1 = time.monotonic()
             traj = capture(model, self.prompt, self.config, on_step=self._on_step, cancel=self.cancel)
+            self.timings = {"load_s": t1 - t0, "capture_s": time.monotonic() - t1}
+            log.info("generation: model %.2f s, capture %.2f s, %d steps", t1 - t0, self.timings["capture_s"],
+                     traj.n_steps)
         except TrajscopeError as exc:
             msg = _scrub(str(exc), self._api_key)
             self._flush()

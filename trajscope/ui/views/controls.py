@@ -10,7 +10,8 @@ the capture's cancel event: the run ends after the current step and keeps it.
 
 from __future__ import annotations
 
-import html
+import logging
+import time
 
 import panel as pn
 
@@ -19,6 +20,9 @@ from trajscope.trajectory import Trajectory
 from trajscope.ui.plots import visible
 from trajscope.ui.runner import GenerationJob
 from trajscope.ui.views._base import StateView, dispatcher
+from trajscope.ui.views.ticker import Ticker
+
+log = logging.getLogger(__name__)
 
 
 class Controls(StateView):
@@ -29,6 +33,7 @@ class Controls(StateView):
         self.job: GenerationJob | None = None
         self.listeners: list = []  # ``fn(events)`` called with each batch of streamed steps (the live view)
         self.on_start: list = []  # ``fn()`` called when a generation starts
+        self.ticker = Ticker(css_classes=["ts-ticker"], sizing_mode="stretch_width", height=96)
 
     # -- generation --------------------------------------------------------------------------------
     def generate(self, event=None, dispatch=None, loader=None) -> GenerationJob | None:
@@ -49,6 +54,7 @@ class Controls(StateView):
         n = plan.config.max_new_tokens
         st.param.update(busy=True, progress=0, progress_max=n, live_text="", error="",
                         status=f"Loading '{source}' and generating up to {n} tokens…")
+        self.ticker.param.update(active=True, step=-1, max_steps=n, text="", message="")
         for fn in self.on_start:
             fn()
         self.job = GenerationJob(
@@ -60,25 +66,29 @@ class Controls(StateView):
         """Ask the running generation to stop after its current step."""
         if self.job is not None and self.state.busy:
             self.job.stop()
-            self.state.status = "Stopping after the current step…"
+            self.ticker.message = "Stopping after the current step…"
 
     def _on_progress(self, events) -> None:
+        # only the ticker shows these while streaming: a Markdown / HTML pane change re-lays the page out
         st, last = self.state, events[-1]
         text = (st.live_text + "".join(e.text for e in events))[-2000:]
-        status = st.status if self.job is not None and self.job.cancel.is_set() else \
-            f"Generating: step {last.step} of {last.max_steps - 1}"
-        st.param.update(progress=last.step + 1, live_text=text, status=status)
+        st.param.update(progress=last.step + 1, live_text=text)
+        self.ticker.param.update(step=last.step, max_steps=last.max_steps, text=visible(text[-400:]))
         for fn in self.listeners:
             fn(events)
 
     def _on_done(self, traj) -> None:
         st = self.state
+        t0 = time.monotonic()
         st.set_trajectory(traj, step=max(0, traj.n_steps - 1))
+        log.info("new run on screen in %.2f s", time.monotonic() - t0)
+        self.ticker.active = False
         st.param.update(busy=False, progress=st.progress_max, error="",
                         status=f"Done: {traj.meta.get('n_generated')} tokens in {traj.n_steps} steps "
                                f"(stopped by {traj.meta.get('stop_reason')}). Step with the player or the arrow keys.")
 
     def _on_error(self, message: str) -> None:
+        self.ticker.active = False
         self.state.busy = False
         self.state.report(message)
 
@@ -129,14 +139,6 @@ class Controls(StateView):
             gen.disabled, stop.disabled = e.new, not e.new
 
         st.param.watch(busy, "busy")
-        bar = pn.indicators.Progress(value=pn.bind(lambda p, b: p if b else 0, st.param.progress, st.param.busy),
-                                     max=pn.bind(lambda m: max(1, m), st.param.progress_max),
-                                     visible=st.param.busy, sizing_mode="stretch_width", bar_color="primary")
-        live = pn.pane.HTML(pn.bind(lambda text, b: f"<div class='ts-live'>{html.escape(visible(text)[-600:])}</div>"
-                                    if b and text else "", st.param.live_text, st.param.busy),
-                            sizing_mode="stretch_width", css_classes=["ts-live-text"],
-                            stylesheets=[":host .ts-live{font-family:monospace;font-size:0.85em;white-space:pre-wrap;"
-                                         "word-break:break-all;background:#f6f8fa;padding:4px 6px;border-radius:4px}"])
         status = pn.pane.Markdown(st.param.status, css_classes=["ts-status"], sizing_mode="stretch_width",
                                   styles={"font-size": "0.9em"})
         alert = pn.pane.Alert(st.param.error, alert_type="danger", visible=pn.bind(bool, st.param.error),
@@ -147,5 +149,5 @@ class Controls(StateView):
         open_btn.on_click(self.open_run)
         return pn.Column(
             "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res,
-            pn.Row(gen, stop), bar, status, live, alert,
+            pn.Row(gen, stop), status, self.ticker, alert,
             pn.layout.Divider(), path, open_btn, sizing_mode="stretch_width")

@@ -56,5 +56,6 @@ class LiveView(StateView):
         self.n_streamed += len(events)
 
     def __panel__(self):
-        return pn.pane.Bokeh(self.figure, visible=self.state.param.busy, sizing_mode="stretch_width",
-                             css_classes=["ts-live-plot"])
+        # visibility on the wrapping column: a Bokeh pane re-validates its stylesheets when a ref updates it
+        return pn.Column(pn.pane.Bokeh(self.figure, sizing_mode="stretch_width"), visible=self.state.param.busy,
+                         sizing_mode="stretch_width", css_classes=["ts-live-plot"])
