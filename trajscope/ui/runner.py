@@ -123,6 +123,8 @@ class GenerationJob:
         self.cancel = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trajscope-generate", daemon=True)
         self.config = None  # the CaptureConfig actually used, once the model is known
+        self.steps_done = 0  # steps the worker has finished (read by tests and Stop diagnostics)
+        self.steps_at_stop: int | None = None
         self.timings: dict[str, float] = {}  # load_s, capture_s (worker thread), for diagnostics and benchmarks
         self._last_flush = self._last_partial = 0.0
         self._buffer: list = []
@@ -135,6 +137,7 @@ class GenerationJob:
 
     def stop(self) -> None:
         """Ask the capture to end after the current step (it keeps the steps it has)."""
+        self.steps_at_stop = self.steps_done
         self.cancel.set()
 
     def _send(self, fn: Callable[[], None]) -> None:
@@ -162,6 +165,7 @@ class GenerationJob:
             self._send(lambda: self.on_progress(events))
 
     def _on_step(self, event: Any) -> None:
+        self.steps_done = event.step + 1
         with self._buffer_lock:
             self._buffer.append(event)
         now = time.monotonic()

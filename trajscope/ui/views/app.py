@@ -1,8 +1,9 @@
 """TrajScope: the whole app in one Viewer (``ts.TrajScope(model="sample")``).
 
-Layout: controls (model, prompt, Generate/Stop, open, export) on the left; on the
-right the step player, the token strip, the attention views and the telemetry,
-all following one :class:`~trajscope.ui.state.AppState`. Each instance has its
+Layout: controls (model, prompt, Generate/Stop, open) on the left; on the right
+the step bar and the token strip, always visible, then the analyses in tabs
+(Overview · Attention · SAE features · Drift · Steering · Export), all following
+one :class:`~trajscope.ui.state.AppState`. Each instance has its
 own state, so every browser session of ``panel serve`` (and every notebook
 cell) is independent; loaded models are shared through :mod:`trajscope.ui.runner`.
 
@@ -33,8 +34,8 @@ from trajscope.ui.views.tokens import TokenStrip
 
 TITLE = "trajscope — does decode still look like prefill?"
 INTRO = ("Step through a model's generation one decode step at a time. **Step 0** is the prefill pass over the "
-         "prompt; **step s** is the decode pass whose query is the token at position P+s−1. Use ◀ ▶ (or the arrow "
-         "keys), click a token or a curve to jump.")
+         "prompt; **step s** is the decode pass whose query is the token at position P+s−1. Step with the player, the "
+         "← → keys or the step box; click a token or a curve to jump there.")
 
 
 def ensure_extension() -> None:
@@ -85,32 +86,41 @@ class TrajScope(StateView):
             pn.state.notifications.error(event.new, duration=8000)
 
     def _autostart(self) -> None:
+        self.controls.warm_up()
         if self.autostart and not self._started and self.state.trajectory is None:
             self._started = True
             self.controls.generate()
 
     def sidebar(self) -> pn.Column:
-        """Controls, then export."""
-        return pn.Column(self.controls, pn.layout.Divider(), "### Export", self.export, sizing_mode="stretch_width")
+        """Model, prompt, settings, Generate / Stop, open a run."""
+        return pn.Column(pn.pane.Markdown(INTRO, styles={"font-size": "0.85em", "color": "#555"}), self.controls,
+                         sizing_mode="stretch_width")
 
     def main(self) -> pn.Column:
-        """Player, tokens, attention, telemetry, SAE features, drift, steering."""
+        """Step bar and token strip (always visible), then the analyses in tabs.
+
+        Tabs are rendered when first shown (``dynamic``): a new run redraws only the tab on screen.
+        """
         card = dict(sizing_mode="stretch_width", collapsible=False, margin=(5, 5))
+        tabs = pn.Tabs(
+            ("Overview", pn.Column(self.telemetry, sizing_mode="stretch_width")),
+            ("Attention", self.attention),
+            ("SAE features", self.features),
+            ("Drift", self.drift),
+            ("Steering", self.steering),
+            ("Export", self.export),
+            dynamic=True, sizing_mode="stretch_width", css_classes=["ts-tabs"])
+        self.tabs = tabs
         return pn.Column(
-            pn.pane.Markdown(INTRO, margin=(0, 10)),
             pn.Card(self.player, self.live, title="Step", **card),
             pn.Card(self.tokens, title="Tokens", **card),
-            pn.Card(self.attention, title="Attention at the current step", **card),
-            pn.Card(self.telemetry, title="Telemetry over steps", **card),
-            pn.Card(self.features, title="SAE features", **card),
-            pn.Card(self.drift, title="Drift versus the prefill profile", **card),
-            pn.Card(self.steering, title="Steering from a chosen decode step", **card),
-            sizing_mode="stretch_width")
+            tabs, sizing_mode="stretch_width")
 
     def template(self) -> pn.template.FastListTemplate:
         """The app as a page (what ``panel serve apps/trajscope.py`` shows)."""
         tpl = pn.template.FastListTemplate(title=TITLE, sidebar=[self.sidebar()], main=[self.main()],
-                                           sidebar_width=380, accent="#1f77b4", theme_toggle=False)
+                                           sidebar_width=340, accent="#1f77b4", theme_toggle=False,
+                                           main_max_width="1600px")
         tpl._trajscope = self  # the session's app, for tests and scripts that serve the page
         pn.state.onload(self._autostart)
         return tpl
@@ -118,7 +128,7 @@ class TrajScope(StateView):
     def __panel__(self):
         if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
             pn.state.onload(self._autostart)
-        return pn.Row(pn.Column(self.sidebar(), width=360), self.main(), sizing_mode="stretch_width")
+        return pn.Row(pn.Column(self.sidebar(), width=320), self.main(), sizing_mode="stretch_width")
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         ensure_extension()

@@ -62,6 +62,27 @@ class Controls(StateView):
             on_progress=self._on_progress, on_done=self._on_done, on_error=self._on_error, loader=loader)
         return self.job.start()
 
+    def warm_up(self) -> None:
+        """Load the model for Generate on a background thread (page load), so the first click does not wait for it."""
+        import threading
+
+        from trajscope.ui.runner import get_model
+
+        try:
+            source, remote = self.state.model_key()
+        except TrajscopeError:
+            return
+        if remote:
+            return
+
+        def load():
+            try:
+                get_model(source)
+            except Exception:  # Generate reports a failing model when it is pressed
+                pass
+
+        threading.Thread(target=load, name="trajscope-warm-up", daemon=True).start()
+
     def stop(self, event=None) -> None:
         """Ask the running generation to stop after its current step."""
         if self.job is not None and self.state.busy:
