@@ -21,6 +21,7 @@ from trajscope.ui.views.app import TrajScope
 def render(app: TrajScope) -> Document:
     doc = Document()
     app.__panel__().get_root(doc)
+    app.attention.__panel__().get_root(doc)  # tabs are drawn when shown: draw the attention tab too
     return doc
 
 
