@@ -110,3 +110,13 @@ class SteeringSettings(param.Parameterized):
     steered = param.ClassSelector(class_=Trajectory, allow_None=True, doc="The steered run of the same prompt.")
     sweep_steps = param.ClassSelector(class_=pl.DataFrame, allow_None=True, doc="Sweep steps table (per start depth × step).")
     sweep_summary = param.ClassSelector(class_=pl.DataFrame, allow_None=True, doc="Sweep decay summary (per start depth).")
+
+    def vector(self, base):
+        """``base`` (a :class:`~trajscope.steering.SteeringVector`) with this card's start step, strength and mode."""
+        import dataclasses
+
+        return dataclasses.replace(base, start_step=int(self.start_step), strength=float(self.strength), mode=self.mode)
+
+    def clear(self) -> None:
+        """Forget the results (they belong to the previous run)."""
+        self.param.update(base=None, steered=None, sweep_steps=None, sweep_summary=None, status="")

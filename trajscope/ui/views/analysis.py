@@ -106,6 +106,7 @@ class SteeringView(StateView):
         super().__init__(**params)
         self._cancel = threading.Event()
         self._vectors: dict[tuple, object] = {}
+        self.state.param.watch(lambda e: self.settings.clear(), "revision")
 
     # -- work (worker thread) -----------------------------------------------------------
     def _model(self):
@@ -123,7 +124,7 @@ class SteeringView(StateView):
         key = (s.pairs_path, s.layer, model.model_id)
         if key not in self._vectors:
             self._vectors[key] = SteeringVector.from_contrast(model, read_pairs(s.pairs_path), s.layer, name="caa")
-        return self._vectors[key].at(start_step=s.start_step, strength=s.strength)
+        return s.vector(self._vectors[key])
 
     def _launch(self, work) -> None:
         s, dispatch = self.settings, dispatcher()
@@ -212,9 +213,9 @@ class SteeringView(StateView):
 
     def __panel__(self):
         s = self.settings
-        steer_btn = pn.widgets.Button(label="Steer", button_type="primary", width=90)
+        steer_btn = pn.widgets.Button(label="Steer", color="primary", width=90)
         sweep_btn = pn.widgets.Button(label="Depth sweep", width=110)
-        stop_btn = pn.widgets.Button(label="Stop", button_type="danger", width=70)
+        stop_btn = pn.widgets.Button(label="Stop", color="danger", width=70, disabled=s.param.busy.rx.not_())
         steer_btn.on_click(self.steer)
         sweep_btn.on_click(self.sweep)
         stop_btn.on_click(self.stop)
