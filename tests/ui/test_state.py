@@ -99,11 +99,13 @@ def test_plan_keeps_what_the_cards_need_and_is_frozen():
 def test_report_and_repr_hide_the_key():
     st = AppState(ndif_api_key="sk-secret-123")
     st.report("Something went wrong.")
-    assert st.error == st.status == "Something went wrong."
+    assert st.error == "Something went wrong." and st.status == ""  # shown once, in the error box
     assert "sk-secret" not in repr(st)
 
 
 def test_extra_token_columns_become_metrics(short_run):
     tokens = short_run.tokens.with_columns(pl.lit(0.5).alias("sae_error"))
-    assert token_metric_choices(tokens)["sae_error"] == "sae_error"
+    assert token_metric_choices(tokens)["sae error"] == "sae_error"
+    drift = tokens.with_columns(pl.lit(1.0).alias("drift_score_max"))
+    assert token_metric_choices(drift)["drift score (max over layers)"] == "drift_score_max"
     assert "pos" not in token_metric_choices(tokens).values()

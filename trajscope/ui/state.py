@@ -31,6 +31,11 @@ MEAN = -1  # head index meaning "mean over heads"
 TOKEN_METRICS = {"next-token entropy (nats)": "entropy", "logprob of the token": "logprob",
                  "residual drift (z vs prefill)": "drift"}
 _NOT_METRICS = {"pos", "step", "token_id", "entropy", "logprob"}
+COLUMN_NAMES = {"drift_score_max": "drift score (max over layers)",
+                "drift_flagged_layers": "layers over their drift threshold", "produced_at_step": "step that produced it"}
+GRID_STATS = {"attention entropy (nats)": "entropy", "attention entropy / log(#keys)": "entropy_norm",
+              "prefix (prompt) mass": "prefix_mass", "generated mass": "generated_mass",
+              "sink mass (pos 0)": "sink_mass", "sink mass (pos 0–3)": "sink4_mass", "self mass": "self_mass"}
 
 
 def token_metric_choices(tokens: pl.DataFrame) -> dict[str, str]:
@@ -39,7 +44,8 @@ def token_metric_choices(tokens: pl.DataFrame) -> dict[str, str]:
     Extra per-token columns (e.g. an SAE reconstruction error added by a later analysis) appear
     under their column name.
     """
-    extra = {c: c for c, t in tokens.schema.items() if t.is_numeric() and c not in _NOT_METRICS}
+    extra = {COLUMN_NAMES.get(c, c.replace("_", " ")): c for c, t in tokens.schema.items()
+             if t.is_numeric() and c not in _NOT_METRICS}
     return {**TOKEN_METRICS, **extra}
 
 
@@ -74,7 +80,7 @@ class AppState(param.Parameterized):
     # -- what to look at ---------------------------------------------------------------------
     layer = param.Selector(default=0, objects=[0], doc="Layer shown in the attention heatmap and the telemetry.")
     head = param.Selector(default=MEAN, objects={"mean over heads": MEAN}, doc="Head shown (or the mean over heads).")
-    grid_stat = param.Selector(default="entropy_norm", objects=list(TELEMETRY_FIELDS),
+    grid_stat = param.Selector(default="entropy_norm", objects={k: v for k, v in GRID_STATS.items() if v in TELEMETRY_FIELDS},
                                doc="Statistic shown in the layer × head grid at the current step.")
     telemetry_average = param.Boolean(default=False, doc="Telemetry averaged over all layers and heads instead of the selection.")
     token_metric = param.Selector(default="entropy", objects=dict(TOKEN_METRICS), doc="Per-token metric that colours the token strip.")
@@ -172,10 +178,8 @@ class AppState(param.Parameterized):
         self.go(self.step - 1)
 
     def report(self, message: str) -> None:
-        """Record an error sentence for the views to show; also the status line."""
-        self.error = ""
-        self.error = message
-        self.status = message
+        """Record an error sentence for the views to show (once: the status line is cleared)."""
+        self.param.update(error=message, status="")
 
     def capture_plan(self) -> CapturePlan:
         """What Generate captures, frozen now: the typed settings plus the layers the cards on screen need.

@@ -78,12 +78,7 @@ class TrajScope(StateView):
         self.live = LiveView(state=self.state)
         self.controls.on_start.append(self.live.reset)
         self.controls.listeners.append(self.live.append)
-        self.state.param.watch(self._notify, "error")
         self._started = False
-
-    def _notify(self, event) -> None:
-        if event.new and pn.state.notifications is not None:
-            pn.state.notifications.error(event.new, duration=8000)
 
     def _autostart(self) -> None:
         self.controls.warm_up()
