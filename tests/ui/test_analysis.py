@@ -43,7 +43,7 @@ def test_drift_settings_compute_and_explain(llama, profile_path):
     assert ds.drift is not None and ds.drift.height == 2 * (len(traj.token_ids) - 1)
     assert set(ds.thresholds) == {0, 1} and ds.fpr == 0.05
     ds.compute(ts.capture(llama, "import os\n", max_new_tokens=2))
-    assert ds.drift is None and "kept no residual vectors" in ds.message
+    assert ds.drift is None and "Keep residuals of layers" in ds.message  # a control that exists
     ds.profile_path = "/nope.safetensors"
     ds.compute(traj)
     assert "No profile at" in ds.message
@@ -146,3 +146,19 @@ def test_features_view_follows_the_step(sample_model, tmp_path):
     view.sae_path = str(tmp_path)
     assert "cfg.json" in view.message or "SAE" in view.message
     assert SAMPLE_SAE.exists()
+
+
+def test_steering_mode_reaches_the_vector_and_results_clear_on_a_new_run(short_run):
+    import torch
+
+    from trajscope.steering import SteeringVector
+    from trajscope.ui.views.app import TrajScope
+
+    app = TrajScope(trajectory=short_run)
+    s = app.steering.settings
+    s.param.update(mode="clamp", strength=2.5, start_step=4)
+    vec = s.vector(SteeringVector(direction=torch.ones(8), layer=3))
+    assert (vec.mode, vec.strength, vec.start_step, vec.layer) == ("clamp", 2.5, 4, 3)
+    s.param.update(base=short_run, steered=short_run, status="Steered.")
+    app.state.set_trajectory(short_run)
+    assert s.base is None and s.steered is None and s.status == ""

@@ -24,6 +24,8 @@ from panel.tests.util import serve_component, wait_until  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # the first plot render can take a while on a loaded 2-core machine
 TIMEOUT = 60_000
+TITLES = """() => Bokeh.documents.flatMap(d => [...d.all_models])
+    .filter(m => m.title && m.title.text !== undefined).map(m => m.title.text)"""
 
 
 @pytest.fixture(autouse=True)
@@ -87,26 +89,53 @@ def test_served_app_renders_plots(page, served_app_file):
             assert proc.poll() is None and time.time() < deadline, "panel serve did not start"
             time.sleep(0.5)
     page.locator(".ts-token-strip").wait_for(timeout=TIMEOUT)
-    wait_until(lambda: page.locator("canvas").count() >= 5, page, timeout=TIMEOUT)
+    wait_until(lambda: page.locator("canvas").count() >= 3, page, timeout=TIMEOUT)
     assert "Step 0 / 11" in readout(page)
     assert "does decode still look like prefill" in page.content()
     # each plot is a Bokeh figure with a title that says what it shows
-    titles = page.evaluate("""() => Bokeh.documents.flatMap(d => [...d.all_models])
-        .filter(m => m.title && m.title.text !== undefined).map(m => m.title.text)""")
-    assert any("Attention weights" in t for t in titles), titles
+    titles = page.evaluate(TITLES)
     assert any("telemetry" in t for t in titles), titles
+    page.locator(".bk-tab", has_text="Attention").click()  # analyses sit in tabs, drawn when first shown
+    wait_until(lambda: any("Attention weights" in t for t in page.evaluate(TITLES)), page, timeout=TIMEOUT)
 
 
-def test_next_button_and_arrow_keys_move_marker(page, short_run_dir):
+def test_generate_streams_and_counter_advances(page):
+    apps = serve(page, run_dir="/nonexistent", autostart=False, max_new_tokens=16)
+    app = apps[0]
+    seen_server = []
+    app.state.param.watch(lambda e: seen_server.append(e.new), "progress")
+    page.locator(".ts-generate button").click()
+    seen, t0 = set(), time.time()
+    while time.time() - t0 < 120:
+        txt = text(page, ".ts-ticker")
+        if "Generating: step" in txt:
+            seen.add(txt)
+        if "Done" in text(page, ".ts-status"):
+            break
+        time.sleep(0.02)
+    assert "Done" in text(page, ".ts-status")
+    # steps arrive in batches (a few per second), in order; the long-run streaming is in test_generate_browser
+    assert seen_server == sorted(set(seen_server)) and seen_server[-1] == 16
+    wait_until(lambda: "Step 15 / 15" in readout(page), page, timeout=TIMEOUT)
+    assert page.locator("canvas").count() >= 3
+    # bad input shows a readable message and the app stays usable
+    page.locator(".ts-prompt textarea").fill("")
+    page.locator(".ts-prompt textarea").blur()
+    page.locator(".ts-generate button").click()
+    wait_until(lambda: "prompt is empty" in text(page, ".ts-error"), page, timeout=TIMEOUT)
+
+
+def test_player_and_arrow_keys_move_marker(page, short_run_dir):
     apps = serve(page, run_dir=short_run_dir)
     app = apps[0]
-    wait_until(lambda: page.locator("canvas").count() >= 5, page, timeout=TIMEOUT)
+    wait_until(lambda: page.locator("canvas").count() >= 3, page, timeout=TIMEOUT)
     span_id = app.telemetry.cursors["attention"].annotations[0][0].id
     span_at = lambda: page.evaluate(  # noqa: E731  the cursor's location as the browser holds it
         f"() => Bokeh.documents.map(d => d.get_model_by_id('{span_id}')).filter(m => m)[0].location")
     assert span_at() == 0
-    page.get_by_role("button", name="Next ▶").click()
+    page.locator(".ts-player button.next").click()  # the player's "next step" button
     wait_until(lambda: "Step 1 / 11" in readout(page), page, timeout=TIMEOUT)
+    assert page.locator(".ts-step-box input").input_value() == "1"
     wait_until(lambda: span_at() == 1, page, timeout=TIMEOUT)
     page.evaluate("() => document.activeElement && document.activeElement.blur()")  # keys go to the page
     page.keyboard.press("ArrowRight")
@@ -123,6 +152,7 @@ def test_next_button_and_arrow_keys_move_marker(page, short_run_dir):
 
 def test_parquet_download_reads_back(page, short_run_dir, tmp_path, short_run):
     serve(page, run_dir=short_run_dir)
+    page.locator(".bk-tab", has_text="Export").click()
     button = page.locator(".ts-download-table")
     button.wait_for(timeout=TIMEOUT)
     with page.expect_download(timeout=TIMEOUT) as info:
@@ -134,34 +164,3 @@ def test_parquet_download_reads_back(page, short_run_dir, tmp_path, short_run):
     assert df.height == short_run.tokens.height == short_run.prompt_len + 12
     assert df["pos"].to_list() == list(range(df.height))
     assert (df["phase"] == "decode").sum() == 12
-
-
-# Last in the file: a finished generation can leave Panel's global busy indicator firing into the next
-# test's session (a Bokeh document-lock error inside Panel, seen only in that order under load).
-@pytest.mark.xfail(strict=False, reason="order-dependent under load: a Bokeh document-lock error raised inside Panel's "
-                   "global busy indicator (panel/io/state.py _update_busy) can hit the served session; open, see the "
-                   "session-2 closing note")
-def test_generate_streams_and_counter_advances(page):
-    apps = serve(page, run_dir="/nonexistent", autostart=False, max_new_tokens=16)
-    app = apps[0]
-    seen_server = []
-    app.state.param.watch(lambda e: seen_server.append(e.new), "progress")
-    page.locator(".ts-generate button").click()
-    seen, t0 = set(), time.time()
-    while time.time() - t0 < 120:
-        txt = text(page, ".ts-status")
-        if "Generating: step" in txt:
-            seen.add(txt)
-        if "Done" in txt:
-            break
-        time.sleep(0.02)
-    assert "Done" in text(page, ".ts-status")
-    assert seen_server == sorted(set(seen_server)) and seen_server[-1] == 16 and len(seen_server) >= 8
-    assert len(seen) >= 2, f"the page showed too few intermediate steps: {seen}"
-    wait_until(lambda: "Step 15 / 15" in readout(page), page, timeout=TIMEOUT)
-    assert page.locator("canvas").count() >= 5
-    # bad input shows a readable message and the app stays usable
-    page.locator(".ts-prompt textarea").fill("")
-    page.locator(".ts-prompt textarea").blur()
-    page.locator(".ts-generate button").click()
-    wait_until(lambda: "prompt is empty" in text(page, ".ts-error"), page, timeout=TIMEOUT)

@@ -59,32 +59,53 @@ def test_new_run_keeps_valid_selection(short_run, sample_model):
     assert st.step == 3  # clamped into the shorter run
 
 
-def test_capture_kwargs_and_errors():
-    st = AppState(max_new_tokens=7, temperature=0.5, seed=3, keep_attention="0, 2")
-    assert st.capture_kwargs() == {"max_new_tokens": 7, "temperature": 0.5, "seed": 3, "attention_layers": [0, 2]}
-    st.prompt = "   "
+def test_capture_plan_and_errors():
+    st = AppState(max_new_tokens=7, temperature=0.5, seed=3, keep_attention="0, 2", keep_residuals="1")
+    plan = st.capture_plan()
+    c = plan.config
+    assert (c.max_new_tokens, c.temperature, c.seed, c.attention_layers, c.residual_layers) == (7, 0.5, 3, (0, 2), (1,))
+    st.param.update(prompt="   ")
     with pytest.raises(ts.TrajscopeError, match="empty"):
-        st.capture_kwargs()
-    st.prompt = "x"
-    st.keep_attention = "0,9"
-    with pytest.raises(ts.TrajscopeError, match="layers 0..5"):
-        st.capture_kwargs(n_layers=6)
+        st.capture_plan()
+    st.param.update(prompt="x", max_new_tokens=0)
+    with pytest.raises(ts.TrajscopeError, match="at least 1"):
+        st.capture_plan()
+    st.param.update(max_new_tokens=5, keep_attention="0,9")
+    with pytest.raises(ts.TrajscopeError, match="layer 9 is out of range"):
+        st.capture_plan().for_model(6)
     assert parse_layers("all") == "all" and parse_layers("none") is None and parse_layers("") is None
-    with pytest.raises(ts.TrajscopeError):
+    with pytest.raises(ts.TrajscopeError, match="'first'"):
         parse_layers("first")
     st.model_source = " "
     with pytest.raises(ts.TrajscopeError, match="model source"):
         st.model_key()
 
 
+def test_plan_keeps_what_the_cards_need_and_is_frozen():
+    st = AppState(keep_attention="none", keep_residuals="none", layer=0)
+    st.param.layer.objects = list(range(6))
+    st.param.update(sae_layer=3, drift_layers=[0, 1, 2, 3, 4, 5], layer=4)
+    plan = st.capture_plan()
+    cfg = plan.for_model(6)
+    assert cfg.residual_layers == (0, 1, 2, 3, 4, 5) and cfg.attention_layers == (4,)
+    # a smaller model: wanted layers it lacks are dropped, not an error
+    assert plan.for_model(2).residual_layers == (0, 1) and plan.for_model(2).attention_layers is None
+    # the plan is a snapshot: later edits of the state do not reach it
+    st.param.update(sae_layer=None, drift_layers=[], keep_residuals="all", max_new_tokens=99)
+    assert plan.for_model(6).residual_layers == (0, 1, 2, 3, 4, 5) and plan.config.max_new_tokens == 64
+    assert st.capture_plan().for_model(6).residual_layers == "all"
+
+
 def test_report_and_repr_hide_the_key():
     st = AppState(ndif_api_key="sk-secret-123")
     st.report("Something went wrong.")
-    assert st.error == st.status == "Something went wrong."
+    assert st.error == "Something went wrong." and st.status == ""  # shown once, in the error box
     assert "sk-secret" not in repr(st)
 
 
 def test_extra_token_columns_become_metrics(short_run):
     tokens = short_run.tokens.with_columns(pl.lit(0.5).alias("sae_error"))
-    assert token_metric_choices(tokens)["sae_error"] == "sae_error"
+    assert token_metric_choices(tokens)["sae error"] == "sae_error"
+    drift = tokens.with_columns(pl.lit(1.0).alias("drift_score_max"))
+    assert token_metric_choices(drift)["drift score (max over layers)"] == "drift_score_max"
     assert "pos" not in token_metric_choices(tokens).values()

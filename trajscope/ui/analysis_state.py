@@ -44,34 +44,55 @@ class DriftSettings(param.Parameterized):
     thresholds = param.Dict(default={}, doc="Calibrated drift threshold per layer, from the profile.")
     fpr = param.Number(default=None, allow_None=True, doc="False-positive rate the thresholds were calibrated to.")
 
-    def compute(self, traj: Trajectory | None) -> None:
-        """Fill ``drift`` (or ``message``) for ``traj``."""
-        from trajscope.metrics.profile_drift import profile_drift_table
+    def profile(self):
+        """The profile at ``profile_path`` (cached per path); sets ``thresholds`` and ``fpr``.
+
+        Raises:
+            TrajscopeError: no file there, or not a profile.
+        """
         from trajscope.profile import ReferenceProfile
 
+        if getattr(self, "_profile_path", None) != self.profile_path:
+            self._profile, self._profile_path = None, self.profile_path
+            if not pathlib.Path(self.profile_path).is_file():
+                raise TrajscopeError(f"No profile at {self.profile_path}; build one with "
+                                     "`trajscope profile --prompts FILE --model M --out PROFILE`.")
+            prof = ReferenceProfile.load(self.profile_path)
+            self.thresholds = {i: float(t) for i, t in enumerate(prof.threshold.tolist())}
+            self.fpr = prof.info.get("fpr")
+            self._profile = prof
+        if self._profile is None:
+            raise TrajscopeError(f"No profile at {self.profile_path}.")
+        return self._profile
+
+    @staticmethod
+    def score(traj: Trajectory, prof) -> tuple[pl.DataFrame | None, str]:
+        """``(drift_table, "")`` for ``traj`` against ``prof``, or ``(None, why not)``. Pure; safe off the event loop."""
+        from trajscope.metrics.profile_drift import profile_drift_table
+
+        kept = {int(k.split(".")[1]) for k in traj.tensors if k.startswith("residual.")}
+        if not kept:
+            return None, ("This run kept no residuals, so there is nothing to score. Generate it again (the app "
+                          "keeps the Drift card's layers), or add layers under 'Keep residuals of layers'.")
+        try:
+            m = traj.meta["model"]
+            prof.check_model(m["n_layers"], m["d_model"], m["model_id"])
+            return profile_drift_table(traj, prof, layers=sorted(kept)), ""
+        except TrajscopeError as exc:
+            return None, str(exc)
+
+    def compute(self, traj: Trajectory | None) -> None:
+        """Fill ``drift`` (or ``message``) for ``traj`` (on the calling thread)."""
         self.drift, self.message = None, ""
         if traj is None:
             self.message = "No run yet."
             return
-        n_layers = traj.meta["model"]["n_layers"]
-        kept = {int(k.split(".")[1]) for k in traj.tensors if k.startswith("residual.")}
-        if not kept:
-            self.message = ("This run kept no residual vectors (it was captured without them); runs generated "
-                            "in the app keep the layers this card needs — press Generate, or capture with "
-                            "--residual-layers all.")
-            return
-        if not pathlib.Path(self.profile_path).is_file():
-            self.message = (f"No profile at {self.profile_path}; build one with "
-                            "`trajscope profile --prompts FILE --model M --out PROFILE`.")
-            return
         try:
-            prof = ReferenceProfile.load(self.profile_path)
-            prof.check_model(n_layers, traj.meta["model"]["d_model"], traj.meta["model"]["model_id"])
-            self.thresholds = {i: float(t) for i, t in enumerate(prof.threshold.tolist())}
-            self.fpr = prof.info.get("fpr")
-            self.drift = profile_drift_table(traj, prof, layers=sorted(kept))
+            prof = self.profile()
         except TrajscopeError as exc:
             self.message = str(exc)
+            return
+        self.drift, self.message = self.score(traj, prof)
 
 
 class SteeringSettings(param.Parameterized):
@@ -89,3 +110,13 @@ class SteeringSettings(param.Parameterized):
     steered = param.ClassSelector(class_=Trajectory, allow_None=True, doc="The steered run of the same prompt.")
     sweep_steps = param.ClassSelector(class_=pl.DataFrame, allow_None=True, doc="Sweep steps table (per start depth × step).")
     sweep_summary = param.ClassSelector(class_=pl.DataFrame, allow_None=True, doc="Sweep decay summary (per start depth).")
+
+    def vector(self, base):
+        """``base`` (a :class:`~trajscope.steering.SteeringVector`) with this card's start step, strength and mode."""
+        import dataclasses
+
+        return dataclasses.replace(base, start_step=int(self.start_step), strength=float(self.strength), mode=self.mode)
+
+    def clear(self) -> None:
+        """Forget the results (they belong to the previous run)."""
+        self.param.update(base=None, steered=None, sweep_steps=None, sweep_summary=None, status="")

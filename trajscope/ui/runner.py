@@ -8,9 +8,10 @@ sessions asking at once take turns instead of interleaving on one model.
 :class:`GenerationJob` runs load + capture on a worker thread so the event loop
 stays free. It never touches Panel: every result goes through ``dispatch``, a
 callable the view supplies that runs a function on the session's event loop
-(in tests, ``dispatch`` can simply call it). Progress events are forwarded every
-step (cheap); a partial :class:`~trajscope.Trajectory` (which costs a table
-build) at most every ``partial_every_s`` seconds.
+(in tests, ``dispatch`` can simply call it). Finished steps are buffered and
+forwarded in batches a few times a second, so a fast model never floods the
+event loop; the settings are a :class:`~trajscope.ui.plan.CapturePlan` frozen
+when Generate was pressed.
 
 The NDIF API key is passed to :func:`trajscope.load_model` through the
 ``NDIF_API_KEY`` environment variable only for the duration of the load (under a
@@ -23,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -32,6 +34,7 @@ from trajscope.capture import capture
 from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle, load_model
 
+log = logging.getLogger(__name__)
 _MODELS: dict[tuple, ModelHandle] = {}
 _MODELS_LOCK = threading.Lock()
 _ENV_LOCK = threading.Lock()
@@ -86,38 +89,46 @@ def _scrub(message: str, secret: str | None) -> str:
 
 
 class GenerationJob:
-    """Load (cached) + capture on a worker thread, reporting through ``dispatch``.
+    """Load (cached) + capture on a worker thread, reporting through ``dispatch`` in batches.
+
+    The worker only appends each finished step to a buffer; at most every ``flush_every_s``
+    seconds it dispatches one flush that hands the new steps to ``on_progress`` as a list, so
+    the event loop handles a few updates per second however fast the model is. A partial
+    :class:`~trajscope.Trajectory` (a table build) is only made when ``on_partial`` is given,
+    on the worker thread, at most every ``partial_every_s`` seconds.
 
     Args:
         source, remote, api_key: the model (see :func:`get_model`).
         prompt: text to continue.
-        capture_kwargs: passed to :func:`trajscope.capture` (max_new_tokens, temperature, …).
+        plan: a :class:`~trajscope.ui.plan.CapturePlan` (or a plain ``CaptureConfig``) frozen when
+            Generate was pressed; resolved for the model once it is loaded, never re-read from the UI.
         dispatch: ``dispatch(fn)`` runs ``fn()`` on the UI's event loop.
-        on_progress: ``(event: StepEvent)`` after each step.
-        on_partial: ``(traj)`` with the steps so far, throttled to ``partial_every_s``.
-        on_done: ``(traj)`` with the finished (or cancelled) run.
+        on_progress: ``(events: list[StepEvent])`` the steps finished since the last call.
+        on_done: ``(traj)`` with the finished (or cancelled) run, after the last ``on_progress``.
         on_error: ``(message: str)`` one sentence; the API key is scrubbed from it.
-    Threading: the job receives an immutable snapshot of the settings — a frozen
-    :class:`~trajscope.capture.CaptureConfig` taken at click time — so settings changed after
-    Generate never reach the running capture.
+        on_partial: ``(traj)`` with the steps so far (optional).
     """
 
-    def __init__(self, source: str, prompt: str, config: Any, dispatch: Callable[[Callable[[], None]], None],
-                 on_progress: Callable[[Any], None], on_partial: Callable[[Any], None],
-                 on_done: Callable[[Any], None], on_error: Callable[[str], None], remote: bool = False,
-                 api_key: str | None = None, partial_every_s: float = 0.5, loader: Callable | None = None):
-        from trajscope.capture import CaptureConfig
-
-        self.source, self.prompt = source, prompt
-        self.config = config if isinstance(config, CaptureConfig) else CaptureConfig(**dict(config))
+    def __init__(self, source: str, prompt: str, plan: Any, dispatch: Callable[[Callable[[], None]], None],
+                 on_progress: Callable[[list], None], on_done: Callable[[Any], None], on_error: Callable[[str], None],
+                 remote: bool = False, api_key: str | None = None, flush_every_s: float = 0.2,
+                 on_partial: Callable[[Any], None] | None = None, partial_every_s: float = 2.0,
+                 loader: Callable | None = None):
+        self.source, self.prompt, self.plan = source, prompt, plan
         self.remote, self._api_key = remote, api_key
         self.dispatch = dispatch
         self.on_progress, self.on_partial, self.on_done, self.on_error = on_progress, on_partial, on_done, on_error
-        self.partial_every_s = partial_every_s
+        self.flush_every_s, self.partial_every_s = flush_every_s, partial_every_s
         self.loader = loader
         self.cancel = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trajscope-generate", daemon=True)
-        self._last_partial = 0.0
+        self.config = None  # the CaptureConfig actually used, once the model is known
+        self.steps_done = 0  # steps the worker has finished (read by tests and Stop diagnostics)
+        self.steps_at_stop: int | None = None
+        self.timings: dict[str, float] = {}  # load_s, capture_s (worker thread), for diagnostics and benchmarks
+        self._last_flush = self._last_partial = 0.0
+        self._buffer: list = []
+        self._buffer_lock = threading.Lock()
         self._queue: collections.deque = collections.deque()
 
     def start(self) -> "GenerationJob":
@@ -126,6 +137,7 @@ class GenerationJob:
 
     def stop(self) -> None:
         """Ask the capture to end after the current step (it keeps the steps it has)."""
+        self.steps_at_stop = self.steps_done
         self.cancel.set()
 
     def _send(self, fn: Callable[[], None]) -> None:
@@ -140,27 +152,54 @@ class GenerationJob:
                 fn = self._queue.popleft()
             except IndexError:
                 return
-            fn()
+            try:
+                fn()
+            except Exception:  # one failing update must not swallow the ones queued after it (e.g. on_done)
+                log.exception("a generation update failed")
+
+    def _flush(self) -> None:
+        """Send the buffered steps as one ``on_progress`` call (nothing when the buffer is empty)."""
+        with self._buffer_lock:
+            events, self._buffer = self._buffer, []
+        if events:
+            self._send(lambda: self.on_progress(events))
 
     def _on_step(self, event: Any) -> None:
-        self._send(lambda: self.on_progress(event))
+        self.steps_done = event.step + 1
+        with self._buffer_lock:
+            self._buffer.append(event)
         now = time.monotonic()
-        if now - self._last_partial >= self.partial_every_s:
+        if now - self._last_flush >= self.flush_every_s:
+            self._last_flush = now
+            self._flush()
+        if self.on_partial is not None and now - self._last_partial >= self.partial_every_s:
             self._last_partial = now
             traj = event.partial()
             self._send(lambda: self.on_partial(traj))
 
+    def _config(self, model: ModelHandle):
+        plan = self.plan
+        return plan.for_model(model.n_layers) if hasattr(plan, "for_model") else plan
+
     def _run(self) -> None:
         try:
+            t0 = time.monotonic()
             model = get_model(self.source, self.remote, self._api_key, loader=self.loader)
-            self._last_partial = time.monotonic()
+            self.config = self._config(model)
+            self._last_flush = self._last_partial = t1 = time.monotonic()
             traj = capture(model, self.prompt, self.config, on_step=self._on_step, cancel=self.cancel)
+            self.timings = {"load_s": t1 - t0, "capture_s": time.monotonic() - t1}
+            log.info("generation: model %.2f s, capture %.2f s, %d steps", t1 - t0, self.timings["capture_s"],
+                     traj.n_steps)
         except TrajscopeError as exc:
             msg = _scrub(str(exc), self._api_key)
+            self._flush()
             self._send(lambda: self.on_error(msg))
         except Exception as exc:  # an unexpected failure still leaves the app usable
             first = (str(exc).splitlines() or [""])[0]
             msg = _scrub(f"Generation failed: {type(exc).__name__}: {first}", self._api_key)
+            self._flush()
             self._send(lambda: self.on_error(msg))
         else:
+            self._flush()
             self._send(lambda: self.on_done(traj))

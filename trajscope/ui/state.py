@@ -8,7 +8,8 @@ the prefill pass and step s ≥ 1 is the decode pass whose query is the token at
 ``max(0, pos − P + 1)``.
 
 Also here: the generation settings a user types (model source, prompt, sampling,
-layers to keep) turned into :func:`trajscope.capture` keyword arguments, and the
+layers to keep) plus the layers the cards on screen need, frozen into a
+:class:`~trajscope.ui.plan.CapturePlan` when Generate is pressed, and the
 status line / error message that views show as notifications. The NDIF API key
 lives only in this object's memory: it is never written into a run's meta, an
 export or a log line.
@@ -20,15 +21,22 @@ import param
 import polars as pl
 
 from trajscope import positions
+from trajscope.capture.config import CaptureConfig
 from trajscope.errors import TrajscopeError
 from trajscope.metrics.attention import TELEMETRY_FIELDS, step_queries
 from trajscope.trajectory import Trajectory
+from trajscope.ui.plan import CapturePlan
 
 DEMO_PROMPT = "def fibonacci(n):\n    "
 MEAN = -1  # head index meaning "mean over heads"
 TOKEN_METRICS = {"next-token entropy (nats)": "entropy", "logprob of the token": "logprob",
                  "residual drift (z vs prefill)": "drift"}
 _NOT_METRICS = {"pos", "step", "token_id", "entropy", "logprob"}
+COLUMN_NAMES = {"drift_score_max": "drift score (max over layers)",
+                "drift_flagged_layers": "layers over their drift threshold", "produced_at_step": "step that produced it"}
+GRID_STATS = {"attention entropy (nats)": "entropy", "attention entropy / log(#keys)": "entropy_norm",
+              "prefix (prompt) mass": "prefix_mass", "generated mass": "generated_mass",
+              "sink mass (pos 0)": "sink_mass", "sink mass (pos 0–3)": "sink4_mass", "self mass": "self_mass"}
 
 
 def token_metric_choices(tokens: pl.DataFrame) -> dict[str, str]:
@@ -37,12 +45,13 @@ def token_metric_choices(tokens: pl.DataFrame) -> dict[str, str]:
     Extra per-token columns (e.g. an SAE reconstruction error added by a later analysis) appear
     under their column name.
     """
-    extra = {c: c for c, t in tokens.schema.items() if t.is_numeric() and c not in _NOT_METRICS}
+    extra = {COLUMN_NAMES.get(c, c.replace("_", " ")): c for c, t in tokens.schema.items()
+             if t.is_numeric() and c not in _NOT_METRICS}
     return {**TOKEN_METRICS, **extra}
 
 
-def parse_layers(text: str, n_layers: int | None = None) -> str | list[int] | None:
-    """Parse a "layers to keep" field: ``"all"``, ``"none"``/empty, or comma-separated indices.
+def parse_layers(text: str, n_layers: int | None = None, what: str = "layers") -> str | list[int] | None:
+    """Parse a "keep … of layers" field: ``"all"``, ``"none"``/empty, or comma-separated indices.
 
     Raises:
         TrajscopeError: for anything else, or an index outside ``0..n_layers-1`` when known.
@@ -55,9 +64,9 @@ def parse_layers(text: str, n_layers: int | None = None) -> str | list[int] | No
     try:
         layers = sorted({int(t) for t in text.replace(" ", ",").split(",") if t})
     except ValueError:
-        raise TrajscopeError(f"Layers to keep must be 'all', 'none' or indices like '0,3', not '{text}'.") from None
+        raise TrajscopeError(f"Keep {what} of layers: type 'all', 'none' or indices like '0,3', not '{text}'.") from None
     if n_layers is not None and any(not 0 <= layer < n_layers for layer in layers):
-        raise TrajscopeError(f"Layers to keep: the model has layers 0..{n_layers - 1}, not {layers}.")
+        raise TrajscopeError(f"Keep {what} of layers: the model has layers 0..{n_layers - 1}, not {layers}.")
     return layers
 
 
@@ -72,7 +81,7 @@ class AppState(param.Parameterized):
     # -- what to look at ---------------------------------------------------------------------
     layer = param.Selector(default=0, objects=[0], doc="Layer shown in the attention heatmap and the telemetry.")
     head = param.Selector(default=MEAN, objects={"mean over heads": MEAN}, doc="Head shown (or the mean over heads).")
-    grid_stat = param.Selector(default="entropy_norm", objects=list(TELEMETRY_FIELDS),
+    grid_stat = param.Selector(default="entropy_norm", objects={k: v for k, v in GRID_STATS.items() if v in TELEMETRY_FIELDS},
                                doc="Statistic shown in the layer × head grid at the current step.")
     telemetry_average = param.Boolean(default=False, doc="Telemetry averaged over all layers and heads instead of the selection.")
     token_metric = param.Selector(default="entropy", objects=dict(TOKEN_METRICS), doc="Per-token metric that colours the token strip.")
@@ -82,14 +91,13 @@ class AppState(param.Parameterized):
     remote = param.Boolean(default=False, doc="Run on NDIF (needs an API key).")
     ndif_api_key = param.String(default="", doc="NDIF API key; kept in memory only, never saved, exported or logged.")
     prompt = param.String(default=DEMO_PROMPT, doc="Prompt text to continue.")
-    max_new_tokens = param.Integer(default=64, bounds=(1, 4096), doc="Decode steps to run at most.")
+    max_new_tokens = param.Integer(default=64, doc="Decode steps to run at most (≥ 1; checked when Generate is pressed).")
     temperature = param.Number(default=0.0, bounds=(0.0, 5.0), doc="0 = greedy; > 0 samples with this temperature.")
     seed = param.Integer(default=0, doc="Random seed for sampling (ignored when greedy).")
     keep_attention = param.String(default="all", doc="Layers whose full attention rows are kept for the heatmap: 'all', 'none' or '0,3'.")
-    keep_residuals = param.String(default="", doc="More layers whose residual vectors are kept: 'all', 'none' or '0,3' "
-                                  "(the layers the SAE and Drift cards read are always kept).")
-    analysis_layers = param.List(default=[], item_type=int, doc="Layers whose residuals the analysis cards need "
-                                 "(the SAE's layer, the drift profile's layers); set by the app.")
+    keep_residuals = param.String(default="none", doc="Layers whose residuals are kept besides those the SAE and Drift cards need: 'all', 'none' or '0,3'.")
+    sae_layer = param.Integer(default=None, allow_None=True, doc="Layer of the SAE the SAE card shows (its residuals are captured).")
+    drift_layers = param.List(default=[], item_type=int, doc="Layers the Drift card scores (their residuals are captured).")
     run_path = param.String(default="", doc="Path of a saved run directory to open.")
 
     # -- activity ----------------------------------------------------------------------------
@@ -171,39 +179,28 @@ class AppState(param.Parameterized):
         self.go(self.step - 1)
 
     def report(self, message: str) -> None:
-        """Record an error sentence for the views to show; also the status line."""
-        self.error = ""
-        self.error = message
-        self.status = message
+        """Record an error sentence for the views to show (once: the status line is cleared)."""
+        self.param.update(error=message, status="")
 
-    def capture_kwargs(self, n_layers: int | None = None) -> dict:
-        """Keyword arguments for :func:`trajscope.capture` from the settings.
+    def capture_plan(self) -> CapturePlan:
+        """What Generate captures, frozen now: the typed settings plus the layers the cards on screen need.
+
+        Residuals: the "keep residuals" layers, the SAE's layer and the Drift card's layers. Full
+        attention rows: the "keep full attention rows" layers and the layer shown in the heatmap.
 
         Raises:
-            TrajscopeError: empty prompt or an unreadable "layers to keep" field.
+            TrajscopeError: empty prompt, max new tokens < 1, or an unreadable layers field.
         """
         if not self.prompt.strip():
             raise TrajscopeError("The prompt is empty; type some text to continue.")
-        kw = {"max_new_tokens": int(self.max_new_tokens), "temperature": float(self.temperature),
-              "seed": int(self.seed), "attention_layers": parse_layers(self.keep_attention, n_layers)}
-        extra = parse_layers(self.keep_residuals, n_layers)
-        if extra == "all":
-            kw["residual_layers"] = "all"
-        elif extra or self.analysis_layers:
-            kw["residual_layers"] = sorted(set(extra or []) | {int(x) for x in self.analysis_layers})
-        return kw
-
-    def capture_config(self, n_layers: int | None = None):
-        """The frozen :class:`~trajscope.capture.CaptureConfig` of the current settings (a snapshot for the
-        worker): what the visible cards need plus what the user asked to keep; every prefill row is
-        computed (the token strip colours prompt tokens by logprob and entropy).
-
-        Raises:
-            TrajscopeError: empty prompt, unreadable layer fields, or invalid sampling settings.
-        """
-        from trajscope.capture import CaptureConfig
-
-        return CaptureConfig(**self.capture_kwargs(n_layers), prefill_rows="all")
+        if self.max_new_tokens is None or int(self.max_new_tokens) < 1:
+            raise TrajscopeError(f"Max new tokens must be at least 1 (it is {self.max_new_tokens}).")
+        want_res = tuple(sorted({*(self.drift_layers or ()), *(() if self.sae_layer is None else (self.sae_layer,))}))
+        config = CaptureConfig(max_new_tokens=int(self.max_new_tokens), temperature=float(self.temperature),
+                               seed=int(self.seed), residual_layers=parse_layers(self.keep_residuals, None, "residuals"),
+                               attention_layers=parse_layers(self.keep_attention, None, "full attention rows"),
+                               prefill_rows="all")  # the token strip colours prompt tokens too
+        return CapturePlan(config, want_residuals=want_res, want_attention=(int(self.layer),))
 
     def model_key(self) -> tuple[str, bool]:
         """What identifies the model to load: ``(source, remote)`` (never the key)."""

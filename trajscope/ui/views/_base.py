@@ -42,3 +42,25 @@ def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
             fn()
 
     return dispatch
+
+
+def in_background(work: Callable[[], object], apply: Callable[[object], None], doc=None) -> None:
+    """Run ``work()`` off the event loop and ``apply(result)`` back on it.
+
+    In a served session ``work`` runs on a daemon thread and ``apply`` on the session's next tick
+    (under the document lock); without a server session (Jupyter comms, tests) both run at once,
+    in order, on the calling thread.
+    """
+    import threading
+
+    doc = doc if doc is not None else pn.state.curdoc
+    if doc is None or doc.session_context is None:
+        apply(work())
+        return
+    dispatch = dispatcher(doc)
+
+    def run() -> None:
+        result = work()
+        dispatch(lambda: apply(result))
+
+    threading.Thread(target=run, name="trajscope-analysis", daemon=True).start()

@@ -23,7 +23,7 @@ import param
 from trajscope.errors import TrajscopeError
 from trajscope.ui import analysis_plots as ap
 from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths
-from trajscope.ui.views._base import StateView, dispatcher
+from trajscope.ui.views._base import StateView, dispatcher, in_background
 
 PROXY_NOTE = ("Drift score = diagonal Mahalanobis distance of the residual to the prefill mean, ÷ √d (≈ 1 for "
               "prefill positions). It treats dimensions independently: a triage signal for where to look, "
@@ -38,26 +38,45 @@ class DriftView(StateView):
     def __init__(self, **params):
         params.setdefault("settings", DriftSettings())
         super().__init__(**params)
+        self._ticket = 0
         self.state.param.watch(self._recompute, "revision")
         self.settings.param.watch(self._recompute, "profile_path")
         self._recompute()
 
     def _recompute(self, *_) -> None:
-        """Score the run; put per-token flags on the token strip (``drift_flagged_layers``, ``drift_score_max``)."""
+        """Score the run off the event loop; tell the state which layers the profile scores."""
+        s = self.settings
+        self._ticket += 1
+        ticket, traj = self._ticket, self.state.trajectory
+        try:
+            prof = s.profile()
+            self.state.drift_layers = list(range(prof.n_layers))
+        except TrajscopeError as exc:
+            self.state.drift_layers = []
+            s.param.update(drift=None, message=str(exc))
+            return
+        if traj is None:
+            s.param.update(drift=None, message="No run yet.")
+            return
+        s.param.update(drift=None, message="Scoring the run against the profile…")
+        in_background(lambda: s.score(traj, prof), lambda res: self._apply(ticket, traj, res))
+
+    def _apply(self, ticket: int, traj, result) -> None:
+        """Show the drift table; put per-token flags on the token strip (``drift_flagged_layers``, ``drift_score_max``)."""
         import polars as pl
 
         from trajscope.ui.state import token_metric_choices
 
-        traj = self.state.trajectory
-        self.settings.compute(traj)
-        drift = self.settings.drift
-        if traj is None or drift is None:
+        if ticket != self._ticket:
             return
-        per = drift.group_by("pos").agg(pl.col("score").max().alias("drift_score_max"),
-                                        pl.col("flagged").sum().cast(pl.Int32).alias("drift_flagged_layers"))
-        traj.tokens = traj.tokens.drop("drift_score_max", "drift_flagged_layers", strict=False).join(
-            per, on="pos", how="left")
-        self.state.param.token_metric.objects = token_metric_choices(traj.tokens)
+        drift, message = result
+        if drift is not None:
+            per = drift.group_by("pos").agg(pl.col("score").max().alias("drift_score_max"),
+                                            pl.col("flagged").sum().cast(pl.Int32).alias("drift_flagged_layers"))
+            traj.tokens = traj.tokens.drop("drift_score_max", "drift_flagged_layers", strict=False).join(
+                per, on="pos", how="left")
+            self.state.param.token_metric.objects = token_metric_choices(traj.tokens)
+        self.settings.param.update(drift=drift, message=message)
 
     def _plots(self, drift, message):
         st = self.state
@@ -87,6 +106,7 @@ class SteeringView(StateView):
         super().__init__(**params)
         self._cancel = threading.Event()
         self._vectors: dict[tuple, object] = {}
+        self.state.param.watch(lambda e: self.settings.clear(), "revision")
 
     # -- work (worker thread) -----------------------------------------------------------
     def _model(self):
@@ -104,14 +124,7 @@ class SteeringView(StateView):
         key = (s.pairs_path, s.layer, model.model_id)
         if key not in self._vectors:
             self._vectors[key] = SteeringVector.from_contrast(model, read_pairs(s.pairs_path), s.layer, name="caa")
-        return self.settings_vector(self._vectors[key])
-
-    def settings_vector(self, vec):
-        """``vec`` with the card's start step, strength and mode (the mode selector reaches the vector)."""
-        import dataclasses
-
-        s = self.settings
-        return dataclasses.replace(vec.at(start_step=s.start_step, strength=s.strength), mode=s.mode)
+        return s.vector(self._vectors[key])
 
     def _launch(self, work) -> None:
         s, dispatch = self.settings, dispatcher()
@@ -200,9 +213,9 @@ class SteeringView(StateView):
 
     def __panel__(self):
         s = self.settings
-        steer_btn = pn.widgets.Button(label="Steer", button_type="primary", width=90)
+        steer_btn = pn.widgets.Button(label="Steer", color="primary", width=90)
         sweep_btn = pn.widgets.Button(label="Depth sweep", width=110)
-        stop_btn = pn.widgets.Button(label="Stop", button_type="danger", width=70)
+        stop_btn = pn.widgets.Button(label="Stop", color="danger", width=70, disabled=s.param.busy.rx.not_())
         steer_btn.on_click(self.steer)
         sweep_btn.on_click(self.sweep)
         stop_btn.on_click(self.stop)

@@ -1,8 +1,9 @@
 """TrajScope: the whole app in one Viewer (``ts.TrajScope(model="sample")``).
 
-Layout: controls (model, prompt, Generate/Stop, open, export) on the left; on the
-right the step player, the token strip, the attention views and the telemetry,
-all following one :class:`~trajscope.ui.state.AppState`. Each instance has its
+Layout: controls (model, prompt, Generate/Stop, open) on the left; on the right
+the step bar and the token strip, always visible, then the analyses in tabs
+(Overview · Attention · SAE features · Drift · Steering · Export), all following
+one :class:`~trajscope.ui.state.AppState`. Each instance has its
 own state, so every browser session of ``panel serve`` (and every notebook
 cell) is independent; loaded models are shared through :mod:`trajscope.ui.runner`.
 
@@ -26,44 +27,21 @@ from trajscope.ui.views.attention import AttentionView
 from trajscope.ui.views.controls import Controls
 from trajscope.ui.views.export import ExportView
 from trajscope.ui.views.features import FeaturesView
+from trajscope.ui.views.live import LiveView
 from trajscope.ui.views.player import StepPlayer
 from trajscope.ui.views.telemetry import TelemetryView
 from trajscope.ui.views.tokens import TokenStrip
 
 TITLE = "trajscope — does decode still look like prefill?"
 INTRO = ("Step through a model's generation one decode step at a time. **Step 0** is the prefill pass over the "
-         "prompt; **step s** is the decode pass whose query is the token at position P+s−1. Use ◀ ▶ (or the arrow "
-         "keys), click a token or a curve to jump.")
+         "prompt; **step s** is the decode pass whose query is the token at position P+s−1. Step with the player, the "
+         "← → keys or the step box; click a token or a curve to jump there.")
 
 
 def ensure_extension() -> None:
     """Load Panel's notebook extension (with notifications) once, if not loaded yet."""
     if not pn.extension._loaded:
         pn.extension("tabulator", notifications=True)
-
-
-def analysis_layers(sae_path: str, profile_path: str) -> list[int]:
-    """Layers whose residuals the SAE card (its ``hook_name`` layer) and the Drift card (every layer of its
-    profile) read; unreadable paths contribute nothing (the cards say why)."""
-    import json
-    import pathlib
-
-    layers: set[int] = set()
-    try:
-        cfg = json.loads((pathlib.Path(sae_path) / "cfg.json").read_text())
-        hook = cfg.get("hook_name") or cfg.get("metadata", {}).get("hook_name") or ""
-        parts = hook.split(".")
-        if len(parts) > 1 and parts[0] == "blocks" and parts[1].isdigit():
-            layers.add(int(parts[1]))
-    except (OSError, ValueError):
-        pass
-    try:
-        from trajscope.profile import ReferenceProfile
-
-        layers |= set(range(ReferenceProfile.load(profile_path).n_layers))
-    except Exception:  # a missing or foreign profile: the Drift card explains it
-        pass
-    return sorted(layers)
 
 
 class TrajScope(StateView):
@@ -97,47 +75,52 @@ class TrajScope(StateView):
         self.features = FeaturesView(state=self.state)
         self.drift = DriftView(state=self.state)
         self.steering = SteeringView(state=self.state)
-        self.state.param.watch(self._notify, "error")
-        self.features.param.watch(self._analysis_layers, "sae_path")
-        self.drift.settings.param.watch(self._analysis_layers, "profile_path")
-        self._analysis_layers()
+        self.live = LiveView(state=self.state)
+        self.controls.on_start.append(self.live.reset)
+        self.controls.listeners.append(self.live.append)
         self._started = False
 
-    def _analysis_layers(self, *_) -> None:
-        """Keep, in every run generated from now on, the residuals the SAE and Drift cards read."""
-        self.state.analysis_layers = analysis_layers(self.features.sae_path, self.drift.settings.profile_path)
-
-    def _notify(self, event) -> None:
-        if event.new and pn.state.notifications is not None:
-            pn.state.notifications.error(event.new, duration=8000)
-
     def _autostart(self) -> None:
+        self.controls.warm_up()
         if self.autostart and not self._started and self.state.trajectory is None:
             self._started = True
             self.controls.generate()
 
     def sidebar(self) -> pn.Column:
-        """Controls, then export."""
-        return pn.Column(self.controls, pn.layout.Divider(), "### Export", self.export, sizing_mode="stretch_width")
+        """Model, prompt, settings, Generate / Stop, open a run."""
+        return pn.Column(pn.pane.Markdown(INTRO, styles={"font-size": "0.85em", "color": "#555"}), self.controls,
+                         sizing_mode="stretch_width")
 
     def main(self) -> pn.Column:
-        """Player, tokens, attention, telemetry, SAE features, drift, steering."""
+        """Step bar and token strip (always visible), then the analyses in tabs.
+
+        Tabs are rendered when first shown (``dynamic``): a new run redraws only the tab on screen.
+        """
         card = dict(sizing_mode="stretch_width", collapsible=False, margin=(5, 5))
+        tabs = pn.Tabs(
+            ("Overview", pn.Column(self.telemetry, sizing_mode="stretch_width")),
+            ("Attention", self.attention),
+            ("SAE features", self.features),
+            ("Drift", self.drift),
+            ("Steering", self.steering),
+            ("Export", self.export),
+            dynamic=True, sizing_mode="stretch_width", css_classes=["ts-tabs"])
+        self.tabs = tabs
         return pn.Column(
-            pn.pane.Markdown(INTRO, margin=(0, 10)),
-            pn.Card(self.player, title="Step", **card),
+            pn.Card(self.player, self.live, title="Step", **card),
             pn.Card(self.tokens, title="Tokens", **card),
-            pn.Card(self.attention, title="Attention at the current step", **card),
-            pn.Card(self.telemetry, title="Telemetry over steps", **card),
-            pn.Card(self.features, title="SAE features", **card),
-            pn.Card(self.drift, title="Drift versus the prefill profile", **card),
-            pn.Card(self.steering, title="Steering from a chosen decode step", **card),
-            sizing_mode="stretch_width")
+            tabs, sizing_mode="stretch_width")
 
     def template(self) -> pn.template.FastListTemplate:
         """The app as a page (what ``panel serve apps/trajscope.py`` shows)."""
         tpl = pn.template.FastListTemplate(title=TITLE, sidebar=[self.sidebar()], main=[self.main()],
-                                           sidebar_width=380, accent="#1f77b4", theme_toggle=False)
+                                           sidebar_width=340, accent="#1f77b4", theme_toggle=False,
+                                           main_max_width="1600px",
+                                           # Panel's busy spinner is one shared model synced through a global
+                                           # list: a busy change in one session writes into every other
+                                           # session's document without its lock (Bokeh RuntimeError
+                                           # "_pending_writes should be non-None…"). The app shows its own status.
+                                           busy_indicator=None)
         tpl._trajscope = self  # the session's app, for tests and scripts that serve the page
         pn.state.onload(self._autostart)
         return tpl
@@ -145,7 +128,7 @@ class TrajScope(StateView):
     def __panel__(self):
         if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
             pn.state.onload(self._autostart)
-        return pn.Row(pn.Column(self.sidebar(), width=360), self.main(), sizing_mode="stretch_width")
+        return pn.Row(pn.Column(self.sidebar(), width=320), self.main(), sizing_mode="stretch_width")
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         ensure_extension()

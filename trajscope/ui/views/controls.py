@@ -1,14 +1,17 @@
 """Controls: which model, what prompt, how to sample, what to keep; Generate / Stop; open a run.
 
-Generate runs load + capture on a worker thread (:class:`~trajscope.ui.runner.GenerationJob`);
-tokens, the step counter and (throttled) partial runs arrive on the session's
-event loop while the model works, so the page stays responsive. Stop sets the
-capture's cancel event: the run ends after the current step and keeps it.
+Generate freezes the settings (and the layers the cards on screen need) into a
+:class:`~trajscope.ui.plan.CapturePlan` and runs load + capture on a worker
+thread (:class:`~trajscope.ui.runner.GenerationJob`); the step counter, the
+text so far and the live figure get the new steps in batches a few times a
+second, and the full views are drawn once, when the run is finished. Stop sets
+the capture's cancel event: the run ends after the current step and keeps it.
 """
 
 from __future__ import annotations
 
-import html
+import logging
+import time
 
 import panel as pn
 
@@ -17,6 +20,9 @@ from trajscope.trajectory import Trajectory
 from trajscope.ui.plots import visible
 from trajscope.ui.runner import GenerationJob
 from trajscope.ui.views._base import StateView, dispatcher
+from trajscope.ui.views.ticker import Ticker
+
+log = logging.getLogger(__name__)
 
 
 class Controls(StateView):
@@ -25,50 +31,85 @@ class Controls(StateView):
     def __init__(self, **params):
         super().__init__(**params)
         self.job: GenerationJob | None = None
+        self.listeners: list = []  # ``fn(events)`` called with each batch of streamed steps (the live view)
+        self.on_start: list = []  # ``fn()`` called when a generation starts
+        self.ticker = Ticker(css_classes=["ts-ticker"], sizing_mode="stretch_width", height=96)
 
     # -- generation --------------------------------------------------------------------------------
     def generate(self, event=None, dispatch=None, loader=None) -> GenerationJob | None:
-        """Start a generation with the current settings (ignored while one runs). Returns the job."""
+        """Start a generation with the current settings (ignored while one runs). Returns the job.
+
+        The settings are frozen into a :class:`~trajscope.ui.plan.CapturePlan` now; changing a widget
+        while the model loads or generates does not change this run.
+        """
         st = self.state
         if st.busy:
             return None
         try:
-            config = st.capture_config()  # the worker's snapshot: later edits do not reach this run
+            plan = st.capture_plan()
             source, remote = st.model_key()
         except TrajscopeError as exc:
             st.report(str(exc))
             return None
-        st.param.update(busy=True, progress=0, progress_max=config.max_new_tokens, live_text="", error="",
-                        status=f"Loading '{source}' and generating up to {config.max_new_tokens} tokens…")
+        n = plan.config.max_new_tokens
+        st.param.update(busy=True, progress=0, progress_max=n, live_text="", error="",
+                        status=f"Loading '{source}' and generating up to {n} tokens…")
+        self.ticker.param.update(active=True, step=-1, max_steps=n, text="", message="")
+        for fn in self.on_start:
+            fn()
         self.job = GenerationJob(
-            source, st.prompt, config, dispatch or dispatcher(), remote=remote,
-            api_key=st.ndif_api_key or None, on_progress=self._on_progress, on_partial=self._on_partial,
-            on_done=self._on_done, on_error=self._on_error, loader=loader, partial_every_s=1.0)
+            source, st.prompt, plan, dispatch or dispatcher(), remote=remote, api_key=st.ndif_api_key or None,
+            on_progress=self._on_progress, on_done=self._on_done, on_error=self._on_error, loader=loader)
         return self.job.start()
+
+    def warm_up(self) -> None:
+        """Load the model for Generate on a background thread (page load), so the first click does not wait for it."""
+        import threading
+
+        from trajscope.ui.runner import get_model
+
+        try:
+            source, remote = self.state.model_key()
+        except TrajscopeError:
+            return
+        if remote:
+            return
+
+        def load():
+            try:
+                get_model(source)
+            except Exception:  # Generate reports a failing model when it is pressed
+                pass
+
+        threading.Thread(target=load, name="trajscope-warm-up", daemon=True).start()
 
     def stop(self, event=None) -> None:
         """Ask the running generation to stop after its current step."""
         if self.job is not None and self.state.busy:
             self.job.stop()
-            self.state.status = "Stopping after the current step…"
+            self.ticker.message = "Stopping after the current step…"
 
-    def _on_progress(self, ev) -> None:
-        st = self.state
-        st.param.update(progress=ev.step + 1, live_text=st.live_text + ev.text,
-                        status=f"Generating: step {ev.step} of {ev.max_steps - 1}")
-
-    def _on_partial(self, traj) -> None:
-        if self.state.busy:
-            self.state.set_trajectory(traj, step=max(0, traj.n_steps - 1))
+    def _on_progress(self, events) -> None:
+        # only the ticker shows these while streaming: a Markdown / HTML pane change re-lays the page out
+        st, last = self.state, events[-1]
+        text = (st.live_text + "".join(e.text for e in events))[-2000:]
+        st.param.update(progress=last.step + 1, live_text=text)
+        self.ticker.param.update(step=last.step, max_steps=last.max_steps, text=visible(text[-400:]))
+        for fn in self.listeners:
+            fn(events)
 
     def _on_done(self, traj) -> None:
         st = self.state
+        t0 = time.monotonic()
         st.set_trajectory(traj, step=max(0, traj.n_steps - 1))
-        st.param.update(busy=False, progress=st.progress_max,
+        log.info("new run on screen in %.2f s", time.monotonic() - t0)
+        self.ticker.active = False
+        st.param.update(busy=False, progress=st.progress_max, error="",
                         status=f"Done: {traj.meta.get('n_generated')} tokens in {traj.n_steps} steps "
-                               f"(stopped by {traj.meta.get('stop_reason')}). Step with ◀ ▶ or the arrow keys.")
+                               f"(stopped by {traj.meta.get('stop_reason')}). Step with the player or the arrow keys.")
 
     def _on_error(self, message: str) -> None:
+        self.ticker.active = False
         self.state.busy = False
         self.state.report(message)
 
@@ -104,12 +145,12 @@ class Controls(StateView):
                                           description="0 = greedy (argmax); above 0 samples with the seed.")
         seed = pn.widgets.IntInput.from_param(st.param.seed, name="Seed", width=75)
         keep = pn.widgets.TextInput.from_param(st.param.keep_attention, name="Keep full attention rows of layers",
-                                               description="'all', 'none' or indices like '0,3'. Other layers show "
-                                               "their top-8 keys only.")
-        keep_res = pn.widgets.TextInput.from_param(st.param.keep_residuals, name="Also keep residuals of layers",
-                                                   placeholder="'all', or indices like '0,3'",
-                                                   description="The SAE and Drift cards' layers are always kept; "
-                                                   "add more for your own analyses or exports.")
+                                               description="'all', 'none' or indices like '0,3'. The layer shown in "
+                                               "the heatmap is always kept; other layers show their top-8 keys only.")
+        keep_res = pn.widgets.TextInput.from_param(
+            st.param.keep_residuals, name="Keep residuals of layers", css_classes=["ts-keep-residuals"],
+            description="'all', 'none' or indices like '0,3'. The SAE's layer and the Drift card's layers are "
+                        "always kept; add layers here to export their residuals or to switch SAE / profile later.")
         gen = pn.widgets.Button(label="Generate", color="primary", width=130, css_classes=["ts-generate"])
         stop = pn.widgets.Button(label="Stop", color="danger", width=90, disabled=True, css_classes=["ts-stop"])
         gen.on_click(self.generate)
@@ -119,14 +160,6 @@ class Controls(StateView):
             gen.disabled, stop.disabled = e.new, not e.new
 
         st.param.watch(busy, "busy")
-        bar = pn.indicators.Progress(value=pn.bind(lambda p, b: p if b else 0, st.param.progress, st.param.busy),
-                                     max=pn.bind(lambda m: max(1, m), st.param.progress_max),
-                                     visible=st.param.busy, sizing_mode="stretch_width", bar_color="primary")
-        live = pn.pane.HTML(pn.bind(lambda text, b: f"<div class='ts-live'>{html.escape(visible(text)[-600:])}</div>"
-                                    if b and text else "", st.param.live_text, st.param.busy),
-                            sizing_mode="stretch_width", css_classes=["ts-live-text"],
-                            stylesheets=[":host .ts-live{font-family:monospace;font-size:0.85em;white-space:pre-wrap;"
-                                         "word-break:break-all;background:#f6f8fa;padding:4px 6px;border-radius:4px}"])
         status = pn.pane.Markdown(st.param.status, css_classes=["ts-status"], sizing_mode="stretch_width",
                                   styles={"font-size": "0.9em"})
         alert = pn.pane.Alert(st.param.error, alert_type="danger", visible=pn.bind(bool, st.param.error),
@@ -137,5 +170,5 @@ class Controls(StateView):
         open_btn.on_click(self.open_run)
         return pn.Column(
             "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res,
-            pn.Row(gen, stop), bar, status, live, alert,
+            pn.Row(gen, stop), status, self.ticker, alert,
             pn.layout.Divider(), path, open_btn, sizing_mode="stretch_width")

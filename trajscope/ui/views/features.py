@@ -24,7 +24,7 @@ from trajscope import positions
 from trajscope.errors import TrajscopeError
 from trajscope.model import sample_data_dir
 from trajscope.ui.plots import CURSOR_COLOR
-from trajscope.ui.views._base import StateView
+from trajscope.ui.views._base import StateView, in_background
 
 SAMPLE_SAE = sample_data_dir() / "saes" / "layer3-prefill-only"
 
@@ -116,25 +116,53 @@ class FeaturesView(StateView):
         super().__init__(**params)
         self._enc = None
         self._sae = None
+        self._sae_loaded_from = None
+        self._ticket = 0
         self.state.param.watch(self._recompute, "revision")
         self.param.watch(self._recompute, "sae_path")
         self._recompute()
 
-    def _recompute(self, *_) -> None:
+    def _load_sae(self):
+        """The SAE at ``sae_path`` (cached); tells the state its layer so Generate keeps those residuals."""
         from trajscope.sae.model import SAE
 
-        self._enc, self.message = None, ""
-        traj = self.state.trajectory
-        if traj is None:
-            self.message = "No run yet."
-            return
-        try:
+        if self._sae_loaded_from != self.sae_path:
+            self._sae, self._sae_loaded_from = None, self.sae_path
             if not pathlib.Path(self.sae_path).is_dir():
+                self.state.sae_layer = None
                 raise TrajscopeError(f"No SAE directory at {self.sae_path}.")
             self._sae = SAE.load(self.sae_path)
-            self._enc = encode_run(traj, self._sae)
+            self.state.sae_layer = int(self._sae.cfg.layer)
+        if self._sae is None:
+            raise TrajscopeError(f"No SAE directory at {self.sae_path}.")
+        return self._sae
+
+    def _recompute(self, *_) -> None:
+        """Encode the run's residuals with the SAE, off the event loop; stale results are dropped."""
+        self._ticket += 1
+        ticket, traj = self._ticket, self.state.trajectory
+        try:
+            sae = self._load_sae()
         except TrajscopeError as exc:
-            self.message = str(exc)
+            self._apply(ticket, (None, str(exc)))
+            return
+        if traj is None:
+            self._apply(ticket, (None, "No run yet."))
+            return
+        self._enc, self.message = None, "Encoding the run with the SAE…"
+
+        def work():
+            try:
+                return encode_run(traj, sae), ""
+            except TrajscopeError as exc:
+                return None, str(exc)
+
+        in_background(work, lambda res: self._apply(ticket, res))
+
+    def _apply(self, ticket: int, result) -> None:
+        if ticket != self._ticket:
+            return
+        self._enc, self.message = result
         self.param.trigger("message")
 
     def _top(self, step, message):

@@ -1,0 +1,122 @@
+"""Generate in the served app (headless Chromium): new runs feed every card, Stop, a responsive page.
+
+Each test serves :func:`trajscope.ui.views.app.default_page` in-process on the
+shipped demo run, then generates a *new* run from the page, as a user would.
+"""
+
+from __future__ import annotations
+
+import time
+
+import panel as pn
+import pytest
+
+from trajscope.ui.views.app import default_page
+
+pytestmark = pytest.mark.ui
+pw = pytest.importorskip("playwright.sync_api")
+from panel.tests.util import serve_component, wait_until  # noqa: E402
+
+TIMEOUT = 90_000
+LONGTASKS = """() => { window.__lt = []; new PerformanceObserver(l => { for (const e of l.getEntries())
+    window.__lt.push([e.startTime, e.duration]); }).observe({entryTypes: ['longtask']}); }"""
+TITLES = """() => Bokeh.documents.flatMap(d => [...d.all_models])
+    .filter(m => m.title && m.title.text !== undefined).map(m => m.title.text)"""
+
+
+@pytest.fixture(autouse=True)
+def _servers():
+    yield
+    pn.state.kill_all_servers()
+
+
+@pytest.fixture
+def app_page(page, sample_model, fresh_models):
+    """The served page on the demo run; returns ``(page, app)`` (the session's TrajScope)."""
+    from trajscope.ui import runner
+
+    runner._MODELS[("sample", False, None)] = sample_model
+    apps = []
+
+    def make():
+        tpl = default_page()
+        apps.append(tpl._trajscope)
+        return tpl
+
+    serve_component(page, make)
+    page.locator(".ts-generate").wait_for(timeout=TIMEOUT)
+    wait_until(lambda: len(apps) == 1, page, timeout=TIMEOUT)
+    return page, apps[0]
+
+
+def set_field(page, label: str, value) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def generate(page, app, n: int, prompt: str = "class Stack:\n    def push(self, x):\n") -> None:
+    area = page.locator(".ts-prompt textarea")
+    area.click()
+    area.fill("")
+    area.press_sequentially(prompt.replace("\n", " "))
+    area.press("Tab")  # a change event: the prompt reaches the server
+    prompt = prompt.replace("\n", " ")
+    set_field(page, "Max new tokens", n)
+    try:
+        wait_until(lambda: app.state.max_new_tokens == n and app.state.prompt == prompt, page, timeout=TIMEOUT)
+    except Exception:
+        raise AssertionError((app.state.max_new_tokens, app.state.prompt, page.get_by_label("Max new tokens", exact=True).input_value()))
+    page.locator(".ts-generate button").click()
+
+
+def test_sae_and_drift_show_plots_for_a_new_run(app_page):
+    page, app = app_page
+    demo = app.state.trajectory.run_id
+    generate(page, app, 12)
+    wait_until(lambda: not app.state.busy and app.state.trajectory.run_id != demo, page, timeout=TIMEOUT)
+    traj = app.state.trajectory
+    assert traj.meta["prompt"].startswith("class Stack")
+    page.locator(".bk-tab", has_text="SAE features").click()
+    wait_until(lambda: any("Feature timeline" in t for t in page.evaluate(TITLES)), page, timeout=TIMEOUT)
+    assert app.features._enc is not None and app.features._enc["rel_err"].shape[0] == traj.residual(3).shape[0]
+    page.locator(".bk-tab", has_text="Drift").click()
+    wait_until(lambda: any("Residual drift" in t for t in page.evaluate(TITLES)), page, timeout=TIMEOUT)
+    assert app.drift.settings.drift["pos"].max() >= traj.prompt_len
+    # the step box shows the step on screen
+    box = page.locator(".ts-step-box input")
+    wait_until(lambda: box.input_value() == str(app.state.step) == str(traj.n_steps - 1), page, timeout=TIMEOUT)
+
+
+def test_stop_ends_within_one_step_and_keeps_steps(app_page):
+    page, app = app_page
+    generate(page, app, 300)
+    wait_until(lambda: app.controls.job is not None and app.controls.job.steps_done >= 20, page, timeout=TIMEOUT)
+    page.locator(".ts-stop button").click()
+    wait_until(lambda: not app.state.busy, page, timeout=TIMEOUT)
+    job, traj = app.controls.job, app.state.trajectory
+    assert traj.meta["stop_reason"] == "cancelled"
+    assert job.steps_at_stop is not None and traj.n_steps <= job.steps_at_stop + 1, (job.steps_at_stop, traj.n_steps)
+    assert traj.n_steps >= 20 and len(traj.tokens) == traj.prompt_len + traj.n_steps
+
+
+def test_no_long_task_while_streaming(app_page):
+    """No main-thread task over 200 ms while the steps stream in (300 steps).
+
+    The window is from the click to the moment the capture ends on the server; drawing the
+    finished run afterwards is measured by ``benchmarks/app_generate.py``.
+    """
+    page, app = app_page
+    time.sleep(2)  # let the first render settle
+    page.evaluate(LONGTASKS)
+    ticks = set()
+    app.controls.ticker.param.watch(lambda e: ticks.add(e.new), "step")
+    generate(page, app, 300)
+    t_click = page.evaluate("() => performance.now()")
+    wait_until(lambda: app.controls.job is not None and bool(app.controls.job.timings), page, timeout=TIMEOUT)
+    t_end = page.evaluate("() => performance.now()")
+    wait_until(lambda: not app.state.busy, page, timeout=TIMEOUT)
+    assert app.state.trajectory.n_steps == 300
+    tasks = [(round(s - t_click), round(d)) for s, d in page.evaluate("() => window.__lt") if t_click <= s <= t_end]
+    assert all(d <= 200 for _, d in tasks), tasks
+    assert len(ticks) >= 3, f"the ticker showed too few intermediate steps: {sorted(ticks)}"

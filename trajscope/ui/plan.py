@@ -1,0 +1,58 @@
+"""CapturePlan: what the app will capture, frozen at the moment Generate is clicked.
+
+The app decides what a run records from what is on screen, so every visible
+analysis has its data: the SAE card needs the residuals of the SAE's layer, the
+Drift card the residuals of the layers its profile scores, the attention
+heatmap the full rows of the layer shown. On top of that the user names layers
+explicitly ("keep residuals of layers", "keep full attention rows of layers").
+
+Explicit layers are validated against the model (a typo is an error); layers
+that only follow from the screen are *wanted*: those the loaded model lacks are
+dropped (the card then says why it is empty) instead of failing the run. The
+model is only known after loading, so a plan holds a frozen
+:class:`~trajscope.capture.CaptureConfig` (explicit layers) plus the wanted
+layers, and :meth:`CapturePlan.for_model` resolves both for a model. Nothing in
+it is read from the app state after the click. No Panel here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trajscope.capture.config import CaptureConfig, resolve_layers
+
+
+def _merge(explicit, wanted: tuple[int, ...], n_layers: int, what: str):
+    """``"all"`` stays all; otherwise the explicit (validated) layers plus the wanted ones that exist."""
+    if explicit == "all":
+        return "all"
+    layers = set(resolve_layers(explicit, n_layers, what))
+    layers |= {w for w in wanted if 0 <= w < n_layers}
+    return tuple(sorted(layers)) or None
+
+
+@dataclasses.dataclass(frozen=True)
+class CapturePlan:
+    """A capture config plus the layers the visible analyses want.
+
+    Attributes:
+        config: the settings the user typed (explicit layer lists included).
+        want_residuals: layers whose residuals the SAE / Drift cards need.
+        want_attention: layers whose full attention rows the attention view needs.
+    """
+
+    config: CaptureConfig
+    want_residuals: tuple[int, ...] = ()
+    want_attention: tuple[int, ...] = ()
+
+    def for_model(self, n_layers: int) -> CaptureConfig:
+        """The config to capture with on a model of ``n_layers`` blocks.
+
+        Raises:
+            TrajscopeError: an explicit layer outside ``0..n_layers-1``.
+        """
+        c = self.config
+        return c.replace(
+            residual_layers=_merge(c.residual_layers, self.want_residuals, n_layers, "Keep residuals of layers"),
+            attention_layers=_merge(c.attention_layers, self.want_attention, n_layers,
+                                    "Keep full attention rows of layers"))

@@ -1,0 +1,61 @@
+"""The live view: what the running generation has done so far, drawn as it streams.
+
+While Generate runs, the full views (heatmaps, SAE, drift) wait for the finished
+run; this small figure shows every step as it arrives: next-token entropy and
+the step's attention entropy (mean over layers and heads) against the step.
+Each batch of new steps is *appended* to the figure's data source with Bokeh's
+``ColumnDataSource.stream`` — O(new steps) sent to the browser, no figure
+rebuilt — so the page stays responsive however long the run.
+"""
+
+from __future__ import annotations
+
+import panel as pn
+from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.plotting import figure
+
+from trajscope.ui.views._base import StateView
+
+COLUMNS = ("step", "next_entropy", "attn_entropy", "token")
+
+
+class LiveView(StateView):
+    """A streaming figure of the running generation (hidden when nothing runs)."""
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.source = ColumnDataSource({c: [] for c in COLUMNS})
+        fig = figure(height=150, sizing_mode="stretch_width", toolbar_location=None,
+                     title="Generating — each step as it finishes", x_axis_label="step (0 = prefill)",
+                     y_axis_label="nats")
+        fig.line("step", "next_entropy", source=self.source, color="#1f77b4", legend_label="next-token entropy")
+        fig.line("step", "attn_entropy", source=self.source, color="#2ca02c",
+                 legend_label="attention entropy (mean over layers × heads)")
+        fig.add_tools(HoverTool(tooltips=[("step", "@step"), ("token", "@token"),
+                                          ("next-token entropy", "@next_entropy{0.00}"),
+                                          ("attention entropy", "@attn_entropy{0.00}")]))
+        fig.legend.location = "top_left"
+        fig.legend.label_text_font_size = "8pt"
+        self.figure = fig
+        self.n_streamed = 0
+
+    def reset(self) -> None:
+        """Empty the figure (a new generation starts)."""
+        self.source.data = {c: [] for c in COLUMNS}
+        self.n_streamed = 0
+
+    def append(self, events: list) -> None:
+        """Stream new :class:`~trajscope.capture.StepEvent` s into the figure (O(len(events)))."""
+        if not events:
+            return
+        from trajscope.ui.plots import visible
+
+        self.source.stream({"step": [e.step for e in events], "next_entropy": [e.next_entropy for e in events],
+                            "attn_entropy": [e.mean_entropy for e in events],
+                            "token": [visible(e.text) for e in events]})
+        self.n_streamed += len(events)
+
+    def __panel__(self):
+        # visibility on the wrapping column: a Bokeh pane re-validates its stylesheets when a ref updates it
+        return pn.Column(pn.pane.Bokeh(self.figure, sizing_mode="stretch_width"), visible=self.state.param.busy,
+                         sizing_mode="stretch_width", css_classes=["ts-live-plot"])
