@@ -43,6 +43,26 @@ def visible(text: str | None) -> str:
     return (text or "").translate(_WS) or "∅"
 
 
+def position_labels(texts, prompt_len: int) -> list[str]:
+    """Hover labels of positions: ``"12 prompt «·str»"`` (whitespace made visible)."""
+    return [f"{i} {positions.phase(i, prompt_len)} «{visible(t)}»" for i, t in enumerate(texts)]
+
+
+def integer_hover(tooltips: list[tuple[str, str]], labels: dict[str, list[str] | None]):
+    """A Bokeh ``HoverTool`` whose ``$x`` / ``$y`` fields show integers (cell centres), or ``labels[i]``.
+
+    Args:
+        tooltips: Bokeh tooltips; write ``$x{custom}`` / ``$y{custom}`` for the rounded coordinates.
+        labels: ``{"$x": [...], "$y": [...]}``: text per integer coordinate (None: the integer itself).
+    """
+    from bokeh.models import CustomJSHover, HoverTool
+
+    code = ("const i = Math.round(value); if (labels === null) return String(i);"
+            "return (i >= 0 && i < labels.length) ? labels[i] : String(i);")
+    fmts = {k: CustomJSHover(args={"labels": v}, code=code) for k, v in labels.items()}
+    return HoverTool(tooltips=tooltips, formatters=fmts)
+
+
 # -- token strip ---------------------------------------------------------------------------------
 def token_metric_values(tokens: pl.DataFrame, metric: str, drift: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per-position values of a token-colouring metric.
@@ -201,7 +221,8 @@ def attention_matrix(attention: pl.DataFrame, layer: int, head: int | None, n_po
     return out
 
 
-def attention_heatmap(matrix: np.ndarray, prompt_len: int, title: str = "Attention", sparse: bool = False) -> hv.Overlay:
+def attention_heatmap(matrix: np.ndarray, prompt_len: int, title: str = "Attention", sparse: bool = False,
+                      texts: list[str] | None = None) -> hv.Overlay:
     """Heatmap of attention weights, query position (rows, top = first) × key position (columns).
 
     Args:
@@ -209,6 +230,7 @@ def attention_heatmap(matrix: np.ndarray, prompt_len: int, title: str = "Attenti
         prompt_len: P; dashed lines separate prompt from generated keys (vertical) and the prefill
             queries of step 0 from the decode steps (horizontal).
         sparse: the matrix only holds top-k weights (said in the title).
+        texts: token text per position, for the hover (integer positions with their token).
     Returns:
         Overlay of ``Image`` (query × key) and the two boundary lines.
     """
@@ -216,9 +238,12 @@ def attention_heatmap(matrix: np.ndarray, prompt_len: int, title: str = "Attenti
     img = hv.Image(np.ascontiguousarray(matrix[::-1]), bounds=(-0.5, -0.5, nk - 0.5, nq - 0.5),
                    kdims=["key_pos", "query_pos"], vdims=["weight"])
     vmax = float(matrix.max()) if matrix.size else 1.0
+    labels = position_labels(texts, prompt_len) if texts is not None else None
+    hover = integer_hover([("query pos", "$y{custom}"), ("key pos", "$x{custom}"), ("weight", "@image{0.0000}")],
+                          {"$x": labels, "$y": labels})
     img = img.opts(cmap="Blues", clim=(1e-3, max(vmax, 1e-2)), cnorm="log", colorbar=True,
                    clipping_colors={"min": "white", "NaN": "white"}, colorbar_opts={"title": "weight (log)"},
-                   invert_yaxis=True, tools=["hover"],
+                   invert_yaxis=True, tools=[hover],
                    xlabel="key position (attended token)", ylabel="query position (step 0 = prompt rows)")
     line = {"line_dash": "dashed", "line_color": CURSOR_COLOR, "line_width": 1.5}
     suffix = " (top-8 keys only: full rows not kept for this layer)" if sparse else ""
@@ -268,7 +293,9 @@ def head_grid(queries: pl.DataFrame, step: int, stat: str) -> hv.Image:
     img = hv.Image(grid[::-1], bounds=(-0.5, -0.5, n_heads - 0.5, n_layers - 0.5), kdims=["head", "layer"],
                    vdims=[hv.Dimension(stat, label=CURVE_LABELS.get(stat, stat))])
     clim = (0.0, 1.0) if stat != "entropy" else (0.0, float(queries[stat].max() or 1.0))
-    return img.opts(cmap="viridis", clim=clim, colorbar=True, tools=["hover"], invert_yaxis=True, xlabel="head",
+    hover = integer_hover([("layer", "$y{custom}"), ("head", "$x{custom}"),
+                           (CURVE_LABELS.get(stat, stat), "@image{0.000}")], {"$x": None, "$y": None})
+    return img.opts(cmap="viridis", clim=clim, colorbar=True, tools=[hover], invert_yaxis=True, xlabel="head",
                     ylabel="layer", colorbar_opts={"title": CURVE_LABELS.get(stat, stat)},
                     title=f"{CURVE_LABELS.get(stat, stat)}, every layer × head at the current step",
                     responsive=True, height=300, toolbar=None, xticks=list(range(n_heads)), yticks=list(range(n_layers)))
@@ -289,7 +316,7 @@ def top_attended(queries: pl.DataFrame, tokens: pl.DataFrame, step: int, layer: 
     n = max(1, len(df))
     if head is not None:
         df, n = df.filter(pl.col("head") == head), 1
-    ex = df.select("top_pos", "top_w").explode("top_pos", "top_w").drop_nulls()
+    ex = df.select("top_pos", "top_w").explode("top_pos", "top_w").drop_nulls().filter(pl.col("top_w") > 0)
     agg = ex.group_by("top_pos").agg((pl.col("top_w").sum() / n).alias("weight")).sort("weight", descending=True).head(k)
     agg = agg.rename({"top_pos": "pos"}).with_columns(pl.col("pos").cast(tokens["pos"].dtype))
     out = agg.join(tokens.select("pos", "phase", "text"), on="pos", how="left").sort("weight", descending=True)

@@ -64,7 +64,8 @@ class AttentionView(StateView):
             matrix = plots.attention_matrix(traj.attention, layer, h, n)
             sparse = True
         who = "mean over heads" if h is None else f"head {h}"
-        base = plots.attention_heatmap(matrix, traj.prompt_len, f"Attention weights, layer {layer}, {who}", sparse)
+        base = plots.attention_heatmap(matrix, traj.prompt_len, f"Attention weights, layer {layer}, {who}", sparse,
+                                       texts=traj.tokens["text"].to_list())
         P, nk = traj.prompt_len, matrix.shape[1]
         self.row_cursor = Cursor([box(line_width=2, fill_alpha=0.12, fill_color="#d62728")], lambda s: [plots.attention_cursor_box(s, P, nk)])
         self.row_cursor.step = st.step
@@ -106,7 +107,7 @@ class AttentionView(StateView):
         head = pn.widgets.Select.from_param(st.param.head, name="Head", width=160)
         stat = pn.widgets.Select.from_param(st.param.grid_stat, name="Grid statistic", width=170)
         heat = pn.pane.HoloViews(pn.bind(self.heatmap, st.param.revision, st.param.layer, st.param.head),
-                                 sizing_mode="stretch_width", linked_axes=False)
+                                 sizing_mode="stretch_width", linked_axes=False, css_classes=["ts-attention-heatmap"])
         self._panes.append(heat)
         grid = pn.pane.HoloViews(pn.bind(self.grid, st.param.revision, st.param.grid_stat, st.param.layer, st.param.head),
                                  sizing_mode="stretch_width", linked_axes=False)

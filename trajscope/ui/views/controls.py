@@ -33,7 +33,9 @@ class Controls(StateView):
         self.job: GenerationJob | None = None
         self.listeners: list = []  # ``fn(events)`` called with each batch of streamed steps (the live view)
         self.on_start: list = []  # ``fn()`` called when a generation starts
-        self.ticker = Ticker(css_classes=["ts-ticker"], sizing_mode="stretch_width", height=96)
+        self.ticker = Ticker(css_classes=["ts-ticker", "ts-status"], sizing_mode="stretch_width", height=96,
+                             status=self.state.status)
+        self.state.param.watch(lambda e: setattr(self.ticker, "status", e.new), "status")
 
     # -- generation --------------------------------------------------------------------------------
     def generate(self, event=None, dispatch=None, loader=None) -> GenerationJob | None:
@@ -160,8 +162,6 @@ class Controls(StateView):
             gen.disabled, stop.disabled = e.new, not e.new
 
         st.param.watch(busy, "busy")
-        status = pn.pane.Markdown(st.param.status, css_classes=["ts-status"], sizing_mode="stretch_width",
-                                  styles={"font-size": "0.9em"})
         alert = pn.pane.Alert(st.param.error, alert_type="danger", visible=pn.bind(bool, st.param.error),
                               css_classes=["ts-error"], sizing_mode="stretch_width")
         path = pn.widgets.TextInput.from_param(st.param.run_path, name="Open a saved run directory",
@@ -170,5 +170,5 @@ class Controls(StateView):
         open_btn.on_click(self.open_run)
         return pn.Column(
             "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res,
-            pn.Row(gen, stop), status, self.ticker, alert,
+            pn.Row(gen, stop), self.ticker, alert,
             pn.layout.Divider(), path, open_btn, sizing_mode="stretch_width")

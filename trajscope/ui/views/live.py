@@ -1,7 +1,8 @@
 """The live view: what the running generation has done so far, drawn as it streams.
 
 While Generate runs, the full views (heatmaps, SAE, drift) wait for the finished
-run; this small figure shows every step as it arrives: next-token entropy and
+run; this small figure shows every step as it arrives (and keeps the last
+generation until the next one): next-token entropy and
 the step's attention entropy (mean over layers and heads) against the step.
 Each batch of new steps is *appended* to the figure's data source with Bokeh's
 ``ColumnDataSource.stream`` — O(new steps) sent to the browser, no figure
@@ -20,13 +21,13 @@ COLUMNS = ("step", "next_entropy", "attn_entropy", "token")
 
 
 class LiveView(StateView):
-    """A streaming figure of the running generation (hidden when nothing runs)."""
+    """A streaming figure of the running (or last) generation."""
 
     def __init__(self, **params):
         super().__init__(**params)
         self.source = ColumnDataSource({c: [] for c in COLUMNS})
         fig = figure(height=150, sizing_mode="stretch_width", toolbar_location=None,
-                     title="Generating — each step as it finishes", x_axis_label="step (0 = prefill)",
+                     title="Last generation, each step as it arrived (Generate streams here)", x_axis_label="step (0 = prefill)",
                      y_axis_label="nats")
         fig.line("step", "next_entropy", source=self.source, color="#1f77b4", legend_label="next-token entropy")
         fig.line("step", "attn_entropy", source=self.source, color="#2ca02c",
@@ -57,5 +58,7 @@ class LiveView(StateView):
 
     def __panel__(self):
         # visibility on the wrapping column: a Bokeh pane re-validates its stylesheets when a ref updates it
-        return pn.Column(pn.pane.Bokeh(self.figure, sizing_mode="stretch_width"), visible=self.state.param.busy,
+        # always shown (the last generation stays until the next one): showing / hiding a figure when
+        # Generate is pressed would re-lay the whole page out in the browser
+        return pn.Column(pn.pane.Bokeh(self.figure, sizing_mode="stretch_width"),
                          sizing_mode="stretch_width", css_classes=["ts-live-plot"])

@@ -1,11 +1,13 @@
-"""The generation ticker: step counter, progress bar and the text so far, updated without re-layout.
+"""The status line and generation ticker: step counter, progress bar and the text so far, without re-layout.
 
 Changing the text of a Markdown or HTML pane makes Bokeh lay the whole page out
 again (every figure re-measured and redrawn): about a second of main-thread
 work per update on a page full of plots. The ticker is a small
 :class:`panel.custom.JSComponent` whose ``render`` builds fixed-size DOM nodes
 once; a change of ``step`` / ``text`` only sets their ``textContent`` and a bar
-width, so streaming a long generation costs the browser almost nothing.
+width, so streaming a long generation costs the browser almost nothing. When no
+generation runs it shows the app's status line (``AppState.status``) in the same
+fixed box, so pressing Generate or finishing a run changes no layout either.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from panel.custom import JSComponent
 
 
 class Ticker(JSComponent):
-    """Progress of the running generation (hidden when ``active`` is False)."""
+    """Progress of the running generation; the status line when ``active`` is False."""
 
+    status = param.String(default="", doc="Status line shown when no generation runs.")
     active = param.Boolean(default=False, doc="A generation is running (the ticker is shown).")
     step = param.Integer(default=-1, doc="Last finished step (−1 before the first).")
     max_steps = param.Integer(default=1, doc="Steps planned.")
@@ -43,14 +46,16 @@ class Ticker(JSComponent):
       const inner = document.createElement('span'); text.appendChild(inner);
       root.append(line, bar, text);
       const update = () => {
-        root.style.visibility = model.active ? 'visible' : 'hidden';
+        const on = model.active;
+        bar.style.visibility = text.style.visibility = on ? 'visible' : 'hidden';
         const s = model.step, n = Math.max(1, model.max_steps);
-        line.textContent = model.message || (s < 0 ? 'Starting…' : `Generating: step ${s} of ${n - 1}`);
+        line.textContent = on ? (model.message || (s < 0 ? 'Starting…' : `Generating: step ${s} of ${n - 1}`))
+                              : model.status;
         fill.style.width = `${Math.min(100, 100 * (s + 1) / n)}%`;
         inner.textContent = model.text;
       };
       update();
-      model.on(['active', 'step', 'max_steps', 'text', 'message'], update);
+      model.on(['active', 'step', 'max_steps', 'text', 'message', 'status'], update);
       return root;
     }
     """
