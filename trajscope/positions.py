@@ -59,6 +59,15 @@ def query_positions(step: int, prompt_len: int) -> range:
     return range(0, prompt_len) if step == 0 else range(prompt_len + step - 1, prompt_len + step)
 
 
+def step_axis(pos: IntLike, prompt_len: int) -> IntLike:
+    """Where a per-position value sits on a plot whose x-axis is the step: ``pos − P + 1``.
+
+    A decode position lands on its query step; the prompt positions, all read at step 0, spread
+    to its left (0 for the last one, −1, −2, … before it), so prefill stays visible as a band.
+    """
+    return pos - prompt_len + 1
+
+
 def produced_pos(step: IntLike, prompt_len: int) -> IntLike:
     """The position of the token that ``step`` produces: ``P + s``."""
     return step + prompt_len

@@ -65,6 +65,23 @@ def test_step_telemetry_selection_and_majority():
     assert everything["prefix_mass"].to_list() == pytest.approx([1.0, 0.9, 0.8, 0.7])
 
 
+def test_sharp_jumps_are_the_run_outliers_only():
+    """Every decode step 'jumps' under the fixed 0.5 rule (a noisy head); only the real switch is sharp."""
+    # top-8 sets that keep o of 8 keys per step: J = o / (16 − o): o=5 -> 0.455, o=4 -> 0.333, o=0 -> 0
+    keeps = [5, 4, 5, 4, 5, 5, 4, 5, 0, 5, 4, 5]
+    tops, fresh = [list(range(8))], 100
+    for o in keeps:
+        new = list(range(fresh, fresh + 8 - o))
+        fresh += 8 - o
+        tops.append(tops[-1][8 - o:] + new)
+    tele = step_telemetry(table({(0, 0): tops}))
+    J = tele["jaccard"].to_list()
+    assert J[1:] == pytest.approx([o / (16 - o) for o in keeps])
+    assert tele["jump"].to_list() == [False] + [True] * len(keeps)  # the fixed rule flags every decode step
+    # by hand: median 0.455, MAD 0 -> floored at 0.05; cut-off 0.455 − 3 × 0.05 = 0.305: only J = 0 is below
+    assert tele["sharp_jump"].to_list() == [False] * 9 + [True] + [False] * 3
+
+
 def test_position_drift_is_zscore_against_prefill():
     acts = pl.DataFrame({"pos": [0, 1, 2, 3, 0, 1, 2, 3], "layer": [0] * 4 + [1] * 4,
                          "phase": ["prefill", "prefill", "prefill", "decode"] * 2,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import holoviews as hv
 import numpy as np
 import polars as pl
 import pytest
@@ -54,12 +55,21 @@ def test_drift_plots_carry_the_scores(llama, profile_path):
     view = DriftView(state=AppState(), settings=DriftSettings(profile_path=str(profile_path)))
     view.state.set_trajectory(traj, step=0)
     drift = view.settings.drift
-    hm = ap.drift_heatmap(drift, traj.prompt_len)
+    hm = ap.drift_heatmap(drift, traj.prompt_len, traj.tokens["text"].to_list())
+    hv.render(hm)  # draws (HeatMap grids its value columns, the token text included)
     heat = hm.get(0)
     np.testing.assert_allclose(np.sort(heat.dimension_values("score")), np.sort(drift["score"].to_numpy()))
     curves = ap.drift_curves(drift, view.settings.thresholds, traj.prompt_len)
     hlines = [el for el in curves if el.__class__.__name__ == "HLine"]
     assert sorted(h.data for h in hlines) == sorted(view.settings.thresholds.values())
+    labels = [el.label for el in curves if el.__class__.__name__ == "Curve"]  # each layer's threshold in its legend entry
+    assert labels == [f"layer {k} (threshold {t:.2f})" for k, t in sorted(view.settings.thresholds.items())]
+    # the x-axis is the page's step axis: decode positions at their query step, layers only those that exist
+    xs, ps = heat.dimension_values("xstep"), heat.dimension_values("pos")
+    np.testing.assert_array_equal(xs, ps - traj.prompt_len + 1)
+    assert heat.opts.get().kwargs["ylim"] == (-0.5, llama.n_layers - 0.5)
+    lo, hi = heat.opts.get().kwargs["clim"]
+    assert abs((lo + hi) / 2 - 1.0) < 1e-9 or lo == 0.0  # diverging around 1 (the prefill-typical score)
     # flags on the token strip: a per-token colouring metric
     flags = traj.tokens.sort("pos")["drift_flagged_layers"].to_list()
     want = drift.group_by("pos").agg(pl.col("flagged").sum()).sort("pos")["flagged"].to_list()

@@ -112,9 +112,9 @@ def test_telemetry_plot_and_step_cursor(short_run):
     tele = step_telemetry(short_run.attention, 0, None)
     ov = plots.telemetry_plot(tele)
     curves = [e for e in ov if isinstance(e, hv.Curve)]
-    assert len(curves) == 4 and len(curves[0]) == short_run.n_steps
+    assert len(curves) == 5 and len(curves[0]) == short_run.n_steps  # 4 statistics + the top-8 overlap
     jumps = [e for e in ov if isinstance(e, hv.Scatter)][0]
-    assert len(jumps) == int(tele["jump"].sum())
+    assert len(jumps) == int(tele["sharp_jump"].sum()) <= int(tele["jump"].sum())
     assert plots.step_cursor(3).data == 3 and plots.step_cursor(8).data == 8
     nt = plots.next_token_plot(short_run.tokens, short_run.prompt_len)
     assert len(nt.get(0)) == short_run.n_steps
@@ -129,3 +129,12 @@ def test_builders_render_with_bokeh(short_run):
                plots.head_grid(q, 1, "entropy"), plots.telemetry_plot(step_telemetry(short_run.attention)) * plots.step_cursor(1)):
         root = pn.pane.HoloViews(el).get_root(Document())  # as the views render them
         assert root.select_one({"type": Plot}) is not None
+
+
+def test_token_text_colour_has_the_higher_contrast():
+    """Issue: some colourings put black text on dark purple."""
+    from trajscope.ui.plots import text_colors
+
+    vals = np.array([0.0, 1.0, np.nan])
+    assert text_colors(vals, "viridis", 0.0, 1.0) == ["white", "black", "black"]  # dark purple → white; yellow → black
+    assert text_colors(vals, "YlOrRd", 0.0, 1.0)[:2] == ["black", "white"]  # pale yellow → black; dark red → white

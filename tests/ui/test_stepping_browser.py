@@ -108,4 +108,4 @@ def test_attention_hover_shows_integer_positions_and_token_text(app_page):
         from trajscope.ui.plots import visible
 
         assert token == f"«{visible(traj.tokens['text'][int(pos)])}»", (field, fields[field])
-        assert phase == ("prompt" if int(pos) < traj.prompt_len else "decode")
+        assert phase == ("prefill" if int(pos) < traj.prompt_len else "decode")

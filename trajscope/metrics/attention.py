@@ -15,6 +15,12 @@ similarity with the set at step s − 1:
     J(s) = |T_s ∩ T_{s−1}| / |T_s ∪ T_{s−1}|,   jump(s) = J(s) < threshold.
 
 J is undefined at step 0 (null, never a jump).
+
+On small or noisy models most decode steps pass that fixed threshold, so a
+marker on every jump carries no information. A *sharp* jump is a jump whose J is
+also an outlier for the run itself: below ``median − 3·MAD`` of the decode steps'
+J (MAD scaled by 1.4826, so 3 MAD ≈ 3 s.d. for Gaussian J; floored at 0.05). The app marks sharp
+jumps and draws J itself as a curve.
 """
 
 from __future__ import annotations
@@ -75,7 +81,8 @@ def step_telemetry(attention: pl.DataFrame, layer: int | None = None, head: int 
     Returns:
         One row per step: ``step``, the mean of each of :data:`TELEMETRY_FIELDS`, ``jaccard`` (mean over
         the selected heads), ``jump_rate`` (fraction of selected heads that jump) and ``jump``
-        (``jump_rate ≥ 0.5``: the selected head jumps, or most of the selected heads do).
+        (``jump_rate ≥ 0.5``: the selected head jumps, or most of the selected heads do), and
+        ``sharp_jump`` (a jump whose ``jaccard`` is below :func:`sharp_cutoff` of the run's steps).
     """
     lazy = isinstance(attention, pl.LazyFrame)
     attention = attention.lazy()
@@ -89,4 +96,18 @@ def step_telemetry(attention: pl.DataFrame, layer: int | None = None, head: int 
     jj = jumps.group_by("step").agg(pl.col("jaccard").mean(), pl.col("jump").cast(pl.Float64).mean().alias("jump_rate"))
     out = tele.join(jj, on="step", how="left").sort("step")
     out = out.with_columns((pl.col("jump_rate") >= 0.5).fill_null(False).alias("jump"))
+    out = out.with_columns((pl.col("jump") & (pl.col("jaccard") < sharp_cutoff(pl.col("jaccard")))).fill_null(False)
+                           .alias("sharp_jump"))
     return out if lazy else out.collect()
+
+
+MAD_FLOOR = 0.05
+
+
+def sharp_cutoff(jaccard: pl.Expr, k: float = 3.0) -> pl.Expr:
+    """``median − k · max(1.4826 · MAD, 0.05)`` of the non-null ``jaccard`` values (a robust low-outlier
+    cut-off; the floor, about the resolution of top-8 Jaccard, keeps a run of identical J from flagging
+    every small dip)."""
+    med = jaccard.drop_nulls().median()
+    mad = pl.max_horizontal((jaccard.drop_nulls() - med).abs().median() * 1.4826, pl.lit(MAD_FLOOR))
+    return med - k * mad

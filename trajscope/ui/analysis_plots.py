@@ -20,49 +20,79 @@ import numpy as np
 import polars as pl
 
 from trajscope import positions
-from trajscope.ui.plots import CURSOR_COLOR, visible
+from trajscope.ui.plots import CURSOR_COLOR, integer_hover, position_labels, visible
 
 LAYER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                 "#bcbd22", "#17becf")
 
 
-def drift_heatmap(drift: pl.DataFrame, prompt_len: int) -> hv.Overlay:
-    """Layer × position heatmap of the drift score.
+STEP_AXIS = "step (≤ 0: prompt positions, all read at step 0)"
+
+
+def _drift_frame(drift: pl.DataFrame, prompt_len: int, texts: list[str] | None) -> pl.DataFrame:
+    """``drift`` with ``x`` (:func:`~trajscope.positions.step_axis`), ``step`` and the token text."""
+    df = drift.with_columns(pl.col("layer").cast(pl.Int32), positions.query_step_expr(prompt_len).alias("step"),
+                            (pl.col("pos") - prompt_len + 1).alias("x"))
+    tok = [visible(texts[p]) if texts is not None and p < len(texts) else "" for p in df["pos"].to_list()]
+    return df.with_columns(pl.Series("token", tok, dtype=pl.String))
+
+
+def drift_heatmap(drift: pl.DataFrame, prompt_len: int, texts: list[str] | None = None) -> hv.Overlay:
+    """Layer × step heatmap of the drift score, diverging around 1 (the prefill-typical value).
 
     Args:
         drift: :func:`trajscope.metrics.profile_drift.profile_drift_table` rows (pos, layer, score).
-        prompt_len: P (a dashed line marks where decode starts).
+        prompt_len: P. x is :func:`~trajscope.positions.step_axis` (decode positions at their step, the
+            prompt to the left of a dashed line at step 0.5).
+        texts: token text per position, for the hover.
     """
-    hm = hv.HeatMap(drift.select(pl.col("pos"), pl.col("layer").cast(pl.Int32), "score").to_pandas(),
-                    kdims=["pos", "layer"], vdims=["score"]).opts(
-        cmap="viridis", colorbar=True, tools=["hover"], responsive=True, height=230, clim=(0, None),
-        xlabel="position (prompt | generated)", ylabel="layer", invert_yaxis=True,
-        title="Residual drift vs prefill profile (diag. Mahalanobis / √d; ≈1 in distribution)",
-        colorbar_opts={"title": "score"})
-    edge = hv.VLine(prompt_len - 0.5).opts(color="white", line_dash="dashed", line_width=2)
+    df = _drift_frame(drift, prompt_len, texts)
+    layers = sorted(df["layer"].unique().to_list())
+    dev = float((df["score"] - 1.0).abs().max() or 1.0)
+    # HeatMap grids its value columns, so they stay numeric; the hover looks the token text up by pos
+    labels = position_labels(texts, prompt_len) if texts is not None else None
+    hover = integer_hover([("pos", "@pos{custom}"), ("step", "@step"), ("layer", "@layer"),
+                           ("drift score", "@score{0.00}")], {"@pos": labels})
+    hm = hv.HeatMap(df.select(pl.col("x").alias("xstep"), "layer", "score", "pos", "step").to_pandas(),
+                    kdims=[hv.Dimension("xstep", label="x"), "layer"], vdims=["score", "pos", "step"]).opts(
+        cmap="RdBu_r", clim=(max(0.0, 1 - dev), 1 + dev), colorbar=True, responsive=True, height=230, tools=[hover],
+        xlabel=STEP_AXIS, ylabel="layer", invert_yaxis=True, yticks=layers,
+        ylim=(min(layers) - 0.5, max(layers) + 0.5), toolbar="right",
+        title="Residual drift vs prefill profile (diag. Mahalanobis / √d; 1 = prefill-typical, red = further)",
+        colorbar_opts={"title": "drift score"})
+    edge = hv.VLine(0.5).opts(color="black", line_dash="dashed", line_width=1.5)
     return hm * edge
 
 
-def drift_curves(drift: pl.DataFrame, thresholds: dict[int, float], prompt_len: int) -> hv.Overlay:
-    """Drift score over positions, one curve per layer, with each layer's calibrated threshold (dotted).
+def drift_curves(drift: pl.DataFrame, thresholds: dict[int, float], prompt_len: int,
+                 texts: list[str] | None = None) -> hv.Overlay:
+    """Drift score over steps, one curve per layer, each with its calibrated threshold (dotted, same colour,
+    its value in the legend).
 
     Args:
         drift: rows (pos, layer, score).
         thresholds: ``{layer: threshold}`` from the profile.
-        prompt_len: P.
+        prompt_len: P; x as in :func:`drift_heatmap`.
     """
+    df = _drift_frame(drift, prompt_len, texts)
     items = []
-    for i, layer in enumerate(sorted(drift["layer"].unique().to_list())):
+    for i, layer in enumerate(sorted(df["layer"].unique().to_list())):
         color = LAYER_COLORS[i % len(LAYER_COLORS)]
-        sub = drift.filter(pl.col("layer") == layer).sort("pos")
-        items.append(hv.Curve((sub["pos"].to_numpy(), sub["score"].to_numpy()), "pos", "score",
-                              label=f"layer {layer}").opts(color=color, line_width=1.5, tools=["hover"]))
-        if layer in thresholds:
-            items.append(hv.HLine(float(thresholds[layer])).opts(color=color, line_dash="dotted", line_width=1))
-    items.append(hv.VLine(prompt_len - 0.5).opts(color="#6c757d", line_dash="dashed"))
+        sub = df.filter(pl.col("layer") == layer).sort("pos")
+        t = thresholds.get(layer)
+        name = f"layer {layer}" + (f" (threshold {t:.2f})" if t is not None else "")
+        items.append(hv.Curve(sub.select("x", "score", "pos", "step", "token").to_pandas(),
+                              kdims=[hv.Dimension("x", label="x")], vdims=["score", "pos", "step", "token"],
+                              label=name).opts(
+            color=color, line_width=1.5, tools=["hover"],
+            hover_tooltips=[("layer", str(layer)), ("pos", "@pos"), ("step", "@step"), ("token", "@token"),
+                            ("drift score", "@score{0.00}")]))
+        if t is not None:
+            items.append(hv.HLine(float(t)).opts(color=color, line_dash="dotted", line_width=1.5))
+    items.append(hv.VLine(0.5).opts(color="#6c757d", line_dash="dashed"))
     return hv.Overlay(items).opts(
-        responsive=True, height=260, legend_position="right", xlabel="position", ylabel="drift score",
-        title="Drift by layer; dotted = threshold calibrated on held-out prefill (per layer)")
+        responsive=True, height=260, legend_position="right", xlabel=STEP_AXIS, ylabel="drift score",
+        title="Drift by layer; dotted = that layer's threshold, calibrated on held-out prefill", toolbar="right")
 
 
 def aligned_continuations(base: pl.DataFrame, steered: pl.DataFrame, prompt_len: int, start_step: int) -> str:

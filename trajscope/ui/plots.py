@@ -149,14 +149,16 @@ def token_strip(layout: pl.DataFrame, prompt_len: int, metric_label: str = "valu
     if cmap == "RdBu_r":
         m = max(abs(lo), abs(hi), 1e-9)
         lo, hi = -m, m
-    rects = rects.opts(color="value", cmap=cmap, clim=(lo, hi if hi > lo else lo + 1e-9), colorbar=True,
+    hi = hi if hi > lo else lo + 1e-9
+    rects = rects.opts(color="value", cmap=cmap, clim=(lo, hi), colorbar=True,
                        line_color="white", tools=["hover", "tap"], fill_alpha=0.85,
                        hover_tooltips=[("pos", "@pos"), ("step", "@step"), ("token", "@token"), ("phase", "@phase"),
                                        (metric_label, "@value{0.000}")],
                        clipping_colors={"NaN": "#e0e0e0"}, nonselection_alpha=1.0, selection_alpha=1.0)
-    labels = hv.Labels({"x": df["xc"].to_numpy(), "y": df["yc"].to_numpy(), "text": df["label"].to_list()},
-                       kdims=["x", "y"], vdims=["text"]).opts(text_font=value("monospace"), text_font_size="9pt",
-                                                             text_color="black")
+    ink = text_colors(df["value"].to_numpy(), cmap, lo, hi)
+    labels = hv.Labels({"x": df["xc"].to_numpy(), "y": df["yc"].to_numpy(), "text": df["label"].to_list(), "ink": ink},
+                       kdims=["x", "y"], vdims=["text", "ink"]).opts(text_font=value("monospace"), text_font_size="9pt",
+                                                                    text_color="ink")
     b = layout.filter(pl.col("pos") == prompt_len)
     segs = {"x0": [], "y0": [], "x1": [], "y1": []}
     if len(b):
@@ -167,7 +169,41 @@ def token_strip(layout: pl.DataFrame, prompt_len: int, metric_label: str = "valu
     return (rects * labels * bar).opts(
         xaxis=None, yaxis=None, ylim=(ymin - 0.05, 0.05), xlim=(-0.5, max(float(df["x1"].max() or 1), 20.0) + 0.5),
         height=34 * min(n_lines, height_lines) + 60, responsive=True, toolbar="right", show_grid=False,
-        active_tools=["tap"], default_tools=["ypan", "reset"], title="Tokens — prompt | generated (click a token to jump to its step)")
+        active_tools=["tap"], default_tools=["ypan", "reset"], hooks=[no_selection_style],
+        title="Tokens — prompt | generated (click a token to jump to its step)")
+
+
+def text_colors(values: np.ndarray, cmap: str, lo: float, hi: float, alpha: float = 0.85) -> list[str]:
+    """Black or white per value, whichever has the higher WCAG contrast on the fill ``cmap`` gives it
+    (blended over white with ``alpha``); NaN boxes are light grey, so black."""
+    from holoviews.plotting.util import process_cmap
+
+    pal = process_cmap(cmap, ncolors=256)
+    out = []
+    for v in values:
+        if not np.isfinite(v):
+            out.append("black")
+            continue
+        c = pal[int(np.clip((v - lo) / (hi - lo), 0, 1) * 255)].lstrip("#")
+        rgb = [alpha * int(c[i:i + 2], 16) / 255 + (1 - alpha) for i in (0, 2, 4)]
+        lin = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in rgb]
+        lum = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+        out.append("white" if lum < 0.179 else "black")  # equal contrast with black and white at 0.179
+    return out
+
+
+def no_selection_style(plot, element) -> None:
+    """HoloViews hook: a click (tap) selects nothing visibly; it only moves the step.
+
+    Bokeh fades non-selected glyphs after a tap; in the token strip that faded every other label and left
+    the clicked token highlighted after the arrow keys moved on. Selected and non-selected glyphs are
+    drawn like the normal glyph.
+    """
+    for r in plot.state.renderers:
+        glyph = getattr(r, "glyph", None)
+        if glyph is not None and hasattr(r, "nonselection_glyph"):
+            r.selection_glyph = glyph.clone()
+            r.nonselection_glyph = glyph.clone()
 
 
 def token_cursor_boxes(layout: pl.DataFrame, query_pos: int, produced_pos: int | None = None) -> list[dict]:
@@ -331,19 +367,25 @@ def telemetry_plot(tele: pl.DataFrame, fields: tuple[str, ...] = ("entropy_norm"
     """Curves over steps of attention statistics (all in [0, 1]) and phase-jump markers.
 
     Args:
-        tele: :func:`trajscope.metrics.attention.step_telemetry` output (step, fields…, jump).
+        tele: :func:`trajscope.metrics.attention.step_telemetry` output (step, fields…, jaccard, sharp_jump).
         fields: columns to draw.
     Returns:
-        Overlay of one ``Curve`` per field and a ``Scatter`` of steps flagged as phase jumps (at y = 1.02).
+        Overlay of one ``Curve`` per field, the top-k overlap curve, and a ``Scatter`` of the sharp phase
+        jumps (at y = 1.02).
     """
     curves = [hv.Curve((tele["step"].to_numpy(), tele[f].cast(pl.Float64).to_numpy()), "step", hv.Dimension("value", range=(0, 1.05)),
                        label=CURVE_LABELS.get(f, f)).opts(color=CURVE_COLORS.get(f, "black"), line_width=1.8,
                                                           tools=["hover", "tap"])
               for f in fields]
-    jumps = tele.filter(pl.col("jump"))
+    overlap = hv.Curve((tele["step"].to_numpy(), tele["jaccard"].cast(pl.Float64).to_numpy()), "step",
+                       hv.Dimension("value", range=(0, 1.05)), label="top-8 overlap with previous step (Jaccard)").opts(
+        color=JUMP_COLOR, line_width=1.2, line_dash="dotted", tools=["hover"])
+    col = "sharp_jump" if "sharp_jump" in tele.columns else "jump"
+    jumps = tele.filter(pl.col(col))
     scatter = hv.Scatter((jumps["step"].to_numpy(), np.full(len(jumps), 1.02)), "step", "value",
-                         label="phase jump (top-8 Jaccard < 0.5)").opts(color=JUMP_COLOR, marker="inverted_triangle", size=9)
-    return hv.Overlay([*curves, scatter]).opts(
+                         label="sharp jump (overlap < 0.5 and far below this run's typical)").opts(
+        color=JUMP_COLOR, marker="inverted_triangle", size=9)
+    return hv.Overlay([*curves, overlap, scatter]).opts(
         title=title, responsive=True, height=300, legend_position="right", xlabel="step (0 = prefill)",
         ylabel="fraction", show_grid=True, toolbar="right")
 

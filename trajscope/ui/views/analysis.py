@@ -24,6 +24,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.ui import analysis_plots as ap
 from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths
 from trajscope.ui.views._base import StateView, dispatcher, in_background
+from trajscope.ui.views._cursor import Cursor, vline
 
 PROXY_NOTE = ("Drift score = diagonal Mahalanobis distance of the residual to the prefill mean, ÷ √d (≈ 1 for "
               "prefill positions). It treats dimensions independently: a triage signal for where to look, "
@@ -39,7 +40,9 @@ class DriftView(StateView):
         params.setdefault("settings", DriftSettings())
         super().__init__(**params)
         self._ticket = 0
+        self.cursor: Cursor | None = None
         self.state.param.watch(self._recompute, "revision")
+        self.state.param.watch(lambda e: self.cursor and self.cursor.set_step(e.new), "step")
         self.settings.param.watch(self._recompute, "profile_path")
         self._recompute()
 
@@ -82,11 +85,14 @@ class DriftView(StateView):
         st = self.state
         if drift is None:
             return pn.pane.Alert(message or "No drift to show.", alert_type="secondary")
-        P = st.trajectory.prompt_len
-        return pn.Column(
-            pn.pane.HoloViews(ap.drift_heatmap(drift, P), sizing_mode="stretch_width"),
-            pn.pane.HoloViews(ap.drift_curves(drift, self.settings.thresholds, P), sizing_mode="stretch_width"),
-            sizing_mode="stretch_width")
+        traj = st.trajectory
+        P, texts = traj.prompt_len, traj.tokens["text"].to_list()
+        self.cursor = Cursor([vline()], lambda step: [{"location": step}])  # one line on each figure
+        self.cursor.step = st.step
+        heat = ap.drift_heatmap(drift, P, texts).opts(hooks=[self.cursor.hook])
+        curves = ap.drift_curves(drift, self.settings.thresholds, P, texts).opts(hooks=[self.cursor.hook])
+        return pn.Column(pn.pane.HoloViews(heat, sizing_mode="stretch_width"),
+                         pn.pane.HoloViews(curves, sizing_mode="stretch_width"), sizing_mode="stretch_width")
 
     def __panel__(self):
         path = pn.widgets.TextInput.from_param(self.settings.param.profile_path, name="Profile", sizing_mode="stretch_width")

@@ -26,7 +26,7 @@ class LiveView(StateView):
     def __init__(self, **params):
         super().__init__(**params)
         self.source = ColumnDataSource({c: [] for c in COLUMNS})
-        fig = figure(height=150, sizing_mode="stretch_width", toolbar_location=None,
+        fig = figure(height=170, sizing_mode="stretch_width", toolbar_location=None,
                      title="Last generation, each step as it arrived (Generate streams here)", x_axis_label="step (0 = prefill)",
                      y_axis_label="nats")
         fig.line("step", "next_entropy", source=self.source, color="#1f77b4", legend_label="next-token entropy")
@@ -35,8 +35,8 @@ class LiveView(StateView):
         fig.add_tools(HoverTool(tooltips=[("step", "@step"), ("token", "@token"),
                                           ("next-token entropy", "@next_entropy{0.00}"),
                                           ("attention entropy", "@attn_entropy{0.00}")]))
-        fig.legend.location = "top_left"
         fig.legend.label_text_font_size = "8pt"
+        fig.add_layout(fig.legend[0], "right")  # beside the curves, not over them
         self.figure = fig
         self.n_streamed = 0
 

@@ -2,8 +2,9 @@
 
 Curves are for the selected layer and head (or mean over heads), or averaged
 over all layers and heads; the red line is the current step and clicking a plot
-jumps there. A phase jump (orange triangle) is a step whose top-8 attended
-positions share less than half (Jaccard < 0.5) with the previous step's.
+jumps there. The dotted curve is the top-8 overlap (Jaccard) with the previous
+step; orange triangles mark only *sharp* phase jumps (see
+:mod:`trajscope.metrics.attention`), so they stay rare and mean something.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class TelemetryView(StateView):
         note = pn.pane.Markdown(
             "Step 0 is the prefill pass (its last prompt query); step s ≥ 1 is the decode pass that reads the token at "
             "position P+s−1. Entropy is normalised by log(#keys) so all attention curves share the 0–1 axis. "
-            "Orange triangles: phase jumps (top-8 attended set shares < 0.5 Jaccard with the previous step; with "
-            "several heads selected, most of them jump). Click a plot to jump to that step.",
+            "Orange dotted: how much of the top-8 attended set the step shares with the previous step (Jaccard). "
+            "Orange triangles: sharp phase jumps, where that overlap is below 0.5 (for most selected heads) and "
+            "far below this run's typical overlap (median − 3 MAD). Click a plot to jump to that step.",
             styles={"color": "#555", "font-size": "0.85em"}, margin=(0, 10))
         return pn.Column(avg, a, note, t, sizing_mode="stretch_width")
