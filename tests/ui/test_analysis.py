@@ -12,7 +12,7 @@ import pytest
 import trajscope as ts
 from trajscope.profile_build import build_profile
 from trajscope.ui import analysis_plots as ap
-from trajscope.ui.analysis_state import DriftSettings, parse_depths
+from trajscope.ui.analysis_state import DriftSettings, parse_depths, skipped_depths
 from trajscope.ui.state import AppState
 from trajscope.ui.views.analysis import DriftView, SteeringView
 
@@ -31,6 +31,8 @@ def profile_path(llama, tmp_path_factory):
 
 def test_parse_depths():
     assert parse_depths("1, 10,50,200", 60) == [1, 10, 50]
+    assert skipped_depths("1, 10,50,200", 60) == "Skipped depth 200: the run has 60 decode steps (depths must be 1..59)."
+    assert skipped_depths("1,10", 60) == ""
     with pytest.raises(ts.TrajscopeError, match="No depth"):
         parse_depths("100", 20)
     with pytest.raises(ts.TrajscopeError, match="comma-separated"):

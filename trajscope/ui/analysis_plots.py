@@ -143,8 +143,8 @@ def effect_curves(steps: pl.DataFrame, strength: float | None = None) -> hv.Over
         curves.append(hv.VLine(k).opts(color=color, line_dash="dotted"))
     return hv.Overlay(curves).opts(
         responsive=True, height=260, logy=True, legend_position="right", xlabel="decode step",
-        ylabel="KL(p_base ‖ p_steered) (nats)",
-        title=f"Steering effect by step, strength {strength:g} (teacher-forced on the base tokens)")
+        ylabel="KL to base (nats)",
+        title=f"Steering effect by step: KL(p_base ‖ p_steered), strength {strength:g}")
 
 
 def decay_plot(summary: pl.DataFrame) -> hv.Overlay:

@@ -23,8 +23,25 @@ SAMPLE_PROFILE = sample_data_dir() / "profiles" / "trajscope-tiny.safetensors"
 SAMPLE_PAIRS = sample_data_dir() / "prompts" / "quotes_pairs.jsonl"
 
 
+def skipped_depths(text: str, max_new_tokens: int) -> str:
+    """A sentence naming the depths of ``text`` that :func:`parse_depths` leaves out ("" when none)."""
+    gone = sorted(set(_depths(text)) - set(d for d in _depths(text) if 1 <= d < max_new_tokens))
+    if not gone:
+        return ""
+    return (f"Skipped depth{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}: the run has "
+            f"{max_new_tokens} decode steps (depths must be 1..{max_new_tokens - 1}).")
+
+
+def _depths(text: str) -> list[int]:
+    try:
+        return sorted({int(t) for t in text.replace(" ", ",").split(",") if t})
+    except ValueError:
+        raise TrajscopeError(f"Depths must be comma-separated steps like '1,10,50', not '{text}'.") from None
+
+
 def parse_depths(text: str, max_new_tokens: int) -> list[int]:
-    """Start depths from ``"1,10,50,200"``, keeping those that fit a run of ``max_new_tokens`` steps."""
+    """Start depths from ``"1,10,50,200"``, keeping those that fit a run of ``max_new_tokens`` steps
+    (:func:`skipped_depths` names the others)."""
     try:
         depths = sorted({int(t) for t in text.replace(" ", ",").split(",") if t})
     except ValueError:

@@ -333,7 +333,7 @@ def head_grid(queries: pl.DataFrame, step: int, stat: str) -> hv.Image:
                            (CURVE_LABELS.get(stat, stat), "@image{0.000}")], {"$x": None, "$y": None})
     return img.opts(cmap="viridis", clim=clim, colorbar=True, tools=[hover], invert_yaxis=True, xlabel="head",
                     ylabel="layer", colorbar_opts={"title": CURVE_LABELS.get(stat, stat)},
-                    title=f"{CURVE_LABELS.get(stat, stat)}, every layer × head at the current step",
+                    title=f"Every layer × head at this step: {CURVE_LABELS.get(stat, stat)}",
                     responsive=True, height=300, toolbar=None, xticks=list(range(n_heads)), yticks=list(range(n_layers)))
 
 

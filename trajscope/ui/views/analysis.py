@@ -22,7 +22,7 @@ import param
 
 from trajscope.errors import TrajscopeError
 from trajscope.ui import analysis_plots as ap
-from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths
+from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths, skipped_depths
 from trajscope.ui.views._base import StateView, dispatcher, in_background
 from trajscope.ui.views._cursor import Cursor, vline
 
@@ -194,7 +194,8 @@ class SteeringView(StateView):
                                  window=10, temperature=kw["temperature"], seeds=[kw["seed"]],
                                  cancel=self._cancel, progress=False)
             dispatch(lambda: self.settings.param.update(sweep_steps=res.steps, sweep_summary=res.summary))
-            return "Sweep stopped early; finished depths are shown." if not res.complete else "Sweep finished."
+            done = "Sweep stopped early; finished depths are shown." if not res.complete else "Sweep finished."
+            return " ".join(filter(None, [done, skipped_depths(self.settings.depths, kw["max_new_tokens"])]))
 
         self._launch(work)
 
