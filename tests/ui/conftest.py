@@ -47,3 +47,10 @@ def fresh_models():
     yield runner._MODELS
     runner._MODELS.clear()
     runner._MODELS.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _runs_dir(tmp_path, monkeypatch):
+    """Runs the app saves go to the test's temporary directory, never into the checkout."""
+    monkeypatch.setenv("TRAJSCOPE_RUNS_DIR", str(tmp_path / "runs"))
+    return tmp_path / "runs"

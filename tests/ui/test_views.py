@@ -290,3 +290,26 @@ def test_settings_changed_after_generate_do_not_reach_the_running_job(sample_mod
     traj = app.state.trajectory
     assert traj.n_steps == 5 and traj.meta["attention_layers"] == list(range(sample_model.n_layers))
     assert traj.meta["prompt"] == "import os\n"
+
+
+def test_generated_runs_are_saved_and_listed_for_a_reload(sample_model, fresh_models, _runs_dir):
+    """Issue: reloading the page lost the run just generated."""
+    runner._MODELS[("sample", False, None)] = sample_model
+    app = TrajScope(max_new_tokens=3, prompt="import os\n")
+    wait_job(app.controls.generate(dispatch=lambda fn: fn()))
+    traj = app.state.trajectory
+    saved = _runs_dir / traj.run_id
+    assert (saved / "meta.json").is_file() and f"Saved to {saved}" in app.state.status
+    again = TrajScope()  # a new session (a reload) lists it and opens it
+    label = next(k for k, v in again.controls.saved.options.items() if v == str(saved))
+    assert label.startswith(traj.run_id) and "3 steps" in label
+    again.controls.saved.value = str(saved)
+    assert again.state.trajectory.run_id == traj.run_id and again.state.trajectory.n_steps == traj.n_steps
+    # an unwritable runs directory: a clear message, and the run stays on screen
+    import os
+
+    (_runs_dir.parent / "a-file").write_text("")  # a runs directory below a file cannot exist, even for root
+    os.environ["TRAJSCOPE_RUNS_DIR"] = str(_runs_dir.parent / "a-file" / "runs")
+    wait_job(app.controls.generate(dispatch=lambda fn: fn()))
+    assert "Cannot write the run" in app.state.error and "stays on screen" in app.state.error
+    assert app.state.trajectory.run_id != traj.run_id

@@ -39,9 +39,14 @@ INTRO = ("Step through a model's generation one decode step at a time. **Step 0*
 
 
 def ensure_extension() -> None:
-    """Load Panel's notebook extension (with notifications) once, if not loaded yet."""
+    """Load Panel's notebook extension (with notifications) once, if not loaded yet.
+
+    Resources are inlined into the notebook (BokehJS and Panel's bundle, a few MB) unless
+    ``TRAJSCOPE_CDN=1``: a notebook opened offline, or its HTML export, then renders without
+    fetching anything.
+    """
     if not pn.extension._loaded:
-        pn.extension("tabulator", notifications=True)
+        pn.extension("tabulator", notifications=True, inline=os.environ.get("TRAJSCOPE_CDN") != "1")
 
 
 class TrajScope(StateView):
@@ -128,7 +133,10 @@ class TrajScope(StateView):
     def __panel__(self):
         if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
             pn.state.onload(self._autostart)
-        return pn.Row(pn.Column(self.sidebar(), width=320), self.main(), sizing_mode="stretch_width")
+        # in a notebook (or any embedding) the plots get the full width: the controls sit above them, folded
+        return pn.Column(pn.Card(self.sidebar(), title="Model, prompt & runs", collapsed=True,
+                                 sizing_mode="stretch_width", css_classes=["ts-controls-card"]),
+                         self.main(), sizing_mode="stretch_width")
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         ensure_extension()

@@ -19,7 +19,8 @@ from trajscope.errors import TrajscopeError
 from trajscope.trajectory import Trajectory
 from trajscope.ui.plots import visible
 from trajscope.ui.runner import GenerationJob
-from trajscope.ui.views._base import StateView, dispatcher
+from trajscope.ui import saved_runs
+from trajscope.ui.views._base import StateView, dispatcher, in_background
 from trajscope.ui.views.ticker import Ticker
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,20 @@ class Controls(StateView):
         self.ticker = Ticker(css_classes=["ts-ticker", "ts-status"], sizing_mode="stretch_width", height=96,
                              status=self.state.status)
         self.state.param.watch(lambda e: setattr(self.ticker, "status", e.new), "status")
+        self.saved = pn.widgets.Select(name="Runs saved here (newest first)", options=self._saved_options(),
+                                       css_classes=["ts-saved-runs"], sizing_mode="stretch_width",
+                                       description=f"Every run generated in the app is saved to "
+                                       f"{saved_runs.runs_dir().resolve()} (set TRAJSCOPE_RUNS_DIR to change it); "
+                                       "choose one to open it, after a reload too.")
+        self.saved.param.watch(self._open_saved, "value")
+
+    def _saved_options(self) -> dict[str, str]:
+        return {"—": "", **saved_runs.list_runs()}
+
+    def _open_saved(self, event) -> None:
+        if event.new:
+            self.state.run_path = event.new
+            self.open_run()
 
     # -- generation --------------------------------------------------------------------------------
     def generate(self, event=None, dispatch=None, loader=None) -> GenerationJob | None:
@@ -106,9 +121,29 @@ class Controls(StateView):
         st.set_trajectory(traj, step=max(0, traj.n_steps - 1))
         log.info("new run on screen in %.2f s", time.monotonic() - t0)
         self.ticker.active = False
-        st.param.update(busy=False, progress=st.progress_max, error="",
-                        status=f"Done: {traj.meta.get('n_generated')} tokens in {traj.n_steps} steps "
-                               f"(stopped by {traj.meta.get('stop_reason')}). Step with the player or the arrow keys.")
+        done = (f"Done: {traj.meta.get('n_generated')} tokens in {traj.n_steps} steps "
+                f"(stopped by {traj.meta.get('stop_reason')}). Step with the player or the arrow keys.")
+        st.param.update(busy=False, progress=st.progress_max, error="", status=done)
+        self._save(traj, done)
+
+    def _save(self, traj, done: str) -> None:
+        """Save the run to the runs directory off the event loop; list it, or say why it was not saved."""
+        def work():
+            try:
+                return saved_runs.save_run(traj), None
+            except TrajscopeError as exc:
+                return None, str(exc)
+
+        def apply(result):
+            path, err = result
+            if err:  # the run stays on screen; only the copy on disk is missing
+                self.state.report(f"{err} The run stays on screen; export it from the Export tab.")
+                return
+            self.saved.options = self._saved_options()
+            if self.state.trajectory is traj:
+                self.state.param.update(run_path=str(path), status=f"{done} Saved to {path}.")
+
+        in_background(work, apply)
 
     def _on_error(self, message: str) -> None:
         self.ticker.active = False
@@ -171,4 +206,4 @@ class Controls(StateView):
         return pn.Column(
             "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res,
             pn.Row(gen, stop), self.ticker, alert,
-            pn.layout.Divider(), path, open_btn, sizing_mode="stretch_width")
+            pn.layout.Divider(), self.saved, path, open_btn, sizing_mode="stretch_width")

@@ -1,0 +1,60 @@
+"""The session's runs directory: every run generated in the app is saved there and listed.
+
+A reload of the page (or a second browser tab) starts a new session with empty
+state; the runs directory is what survives it. The operator chooses the
+directory with ``TRAJSCOPE_RUNS_DIR`` (default: ``runs/`` under the directory
+the app was started from, the same place the CLI's examples write to). Saving
+is atomic (:meth:`trajscope.Trajectory.save`), so a listed run is always whole.
+No Panel here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+from trajscope.trajectory import Trajectory
+
+ENV = "TRAJSCOPE_RUNS_DIR"
+
+
+def runs_dir() -> pathlib.Path:
+    """Where the app saves generated runs: ``$TRAJSCOPE_RUNS_DIR`` or ``./runs``."""
+    return pathlib.Path(os.environ.get(ENV) or "runs")
+
+
+def save_run(traj: Trajectory, directory: str | os.PathLike | None = None) -> pathlib.Path:
+    """Save ``traj`` as ``<directory>/<run_id>``. Returns the path.
+
+    Raises:
+        TrajscopeError: the directory cannot be written (the message names it).
+    """
+    return traj.save(pathlib.Path(directory or runs_dir()) / traj.run_id)
+
+
+def list_runs(directory: str | os.PathLike | None = None, limit: int = 50) -> dict[str, str]:
+    """``{label: path}`` of the saved runs, newest first (at most ``limit``).
+
+    A label reads ``"<run_id> · <n> steps · <prompt start>"``. Directories without a readable
+    ``meta.json`` are left out (a half-written or foreign directory never breaks the list).
+    """
+    root = pathlib.Path(directory or runs_dir())
+    if not root.is_dir():
+        return {}
+    found = []
+    for d in root.iterdir():
+        meta = d / "meta.json"
+        if d.name.startswith(".") or not meta.is_file():
+            continue
+        try:
+            m = json.loads(meta.read_text())
+            found.append((meta.stat().st_mtime, d, m))
+        except (OSError, ValueError):
+            continue
+    out = {}
+    for _, d, m in sorted(found, key=lambda t: t[0], reverse=True)[:limit]:
+        prompt = " ".join(str(m.get("prompt", "")).split())[:32]
+        steps = m.get("n_steps", m.get("sampling", {}).get("max_new_tokens", "?"))
+        out[f"{m.get('run_id', d.name)} · {steps} steps · {prompt}"] = str(d)
+    return out
