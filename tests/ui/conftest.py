@@ -23,7 +23,9 @@ def browser_type_launch_args(browser_type_launch_args):
         pytest.skip("Chromium is not installed (apt-get install -y chromium fonts-liberation)")
     return {**browser_type_launch_args, "executable_path": CHROMIUM, "headless": True,
             "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync"]}
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     # for the memory test: window.gc() and unquantised performance.memory
+                     "--js-flags=--expose-gc", "--enable-precise-memory-info"]}
 
 
 @pytest.fixture(scope="session")

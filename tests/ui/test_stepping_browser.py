@@ -2,7 +2,8 @@
 
 The browser is asked for its own numbers: the count of Bokeh models in the
 session's document and the JS heap (``performance.memory``, precise with
-``--enable-precise-memory-info``, after a forced GC with ``--expose-gc``).
+``--enable-precise-memory-info``, after a forced GC with ``--expose-gc``; both
+flags are set in ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -19,12 +20,6 @@ from panel.tests.util import serve_component, wait_until  # noqa: E402
 TIMEOUT = 90_000
 N_MODELS = "() => Bokeh.documents.map(d => d.all_models.size).reduce((a, b) => a + b, 0)"
 HEAP = "() => { window.gc(); return performance.memory.usedJSHeapSize; }"
-
-
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    args = [*browser_type_launch_args["args"], "--js-flags=--expose-gc", "--enable-precise-memory-info"]
-    return {**browser_type_launch_args, "args": args}
 
 
 @pytest.fixture(autouse=True)

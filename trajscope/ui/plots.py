@@ -405,6 +405,18 @@ def next_token_plot(tokens: pl.DataFrame, prompt_len: int) -> hv.Overlay:
                             legend_position="right", xlabel="step (0 = prefill)", ylabel="nats", show_grid=True)
 
 
+def empty_telemetry(fields: tuple[str, ...] = TELEMETRY_FIELDS) -> pl.DataFrame:
+    """A telemetry frame with no steps (the shape :func:`telemetry_plot` draws before there is a run)."""
+    return pl.DataFrame(schema={"step": pl.Int32, **{f: pl.Float64 for f in fields}, "jaccard": pl.Float64,
+                                "jump": pl.Boolean, "sharp_jump": pl.Boolean})
+
+
+def empty_tokens() -> pl.DataFrame:
+    """A ``tokens`` table with no rows (what the token views draw before there is a run)."""
+    return pl.DataFrame(schema={"pos": pl.Int32, "step": pl.Int32, "phase": pl.String, "text": pl.String,
+                                "logprob": pl.Float32, "entropy": pl.Float32, "token_id": pl.Int64})
+
+
 def step_cursor(step: int) -> hv.VLine:
     """Vertical line at the current step (overlaid on telemetry plots)."""
     return hv.VLine(float(step)).opts(color=CURSOR_COLOR, line_width=2)

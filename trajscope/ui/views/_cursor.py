@@ -57,10 +57,14 @@ class Cursor:
         self.step = 0
 
     def hook(self, plot, element) -> None:
-        """HoloViews hook: add the annotations to ``plot.state`` (once per figure)."""
+        """HoloViews hook: add the annotations to ``plot.state`` once per figure; on later updates of the
+        same figure, only move them to the current step (the data under them may have changed)."""
         fig = plot.state
-        if any(a[0].document is not None and a[0] in fig.center for a in self.annotations):
+        mine = [a for a in self.annotations if a[0] in fig.center]
+        if mine:  # the figure was updated in place (a DynamicMap): move its annotations to the current step
+            self._apply(mine[0], self.props(self.step))
             return
+        self.annotations = [a for a in self.annotations if a[0].document is not None]  # figures gone
         anns = [f() for f in self.factories]
         for a in anns:
             fig.add_layout(a)

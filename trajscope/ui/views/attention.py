@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 
 import holoviews as hv
+import numpy as np
 import panel as pn
 
 from trajscope.errors import TrajscopeError
@@ -49,25 +50,29 @@ class AttentionView(StateView):
             self.row_cursor.set_step(event.new, *self._panes)
 
     def heatmap(self, revision: int, layer: int, head: int):
-        """Query × key heatmap of ``layer`` / ``head`` with the current-row cursor hooked in."""
+        """Query × key heatmap of ``layer`` / ``head`` with the current-row cursor hooked in (updated in place)."""
         st = self.state
         traj = st.trajectory
         if traj is None:
-            return _empty(420)
-        h = None if head == MEAN else head
-        n = int(traj.attention["pos"].max() or 0) + 1  # positions that were queries
-        try:
-            rows = traj.attention_rows(layer)
-            matrix = (rows.mean(0) if h is None else rows[h]).numpy()
-            sparse = False
-        except TrajscopeError:
-            matrix = plots.attention_matrix(traj.attention, layer, h, n)
-            sparse = True
-        who = "mean over heads" if h is None else f"head {h}"
-        base = plots.attention_heatmap(matrix, traj.prompt_len, f"Attention weights, layer {layer}, {who}", sparse,
-                                       texts=traj.tokens["text"].to_list())
-        P, nk = traj.prompt_len, matrix.shape[1]
-        self.row_cursor = Cursor([box(line_width=2, fill_alpha=0.12, fill_color="#d62728")], lambda s: [plots.attention_cursor_box(s, P, nk)])
+            self._P, self._nk = 1, 1
+            base = plots.attention_heatmap(np.zeros((1, 1)), 1, "Attention weights (no run yet)")
+        else:
+            h = None if head == MEAN else head
+            n = int(traj.attention["pos"].max() or 0) + 1  # positions that were queries
+            try:
+                rows = traj.attention_rows(layer)
+                matrix = (rows.mean(0) if h is None else rows[h]).numpy()
+                sparse = False
+            except TrajscopeError:
+                matrix = plots.attention_matrix(traj.attention, layer, h, n)
+                sparse = True
+            who = "mean over heads" if h is None else f"head {h}"
+            self._P, self._nk = traj.prompt_len, matrix.shape[1]
+            base = plots.attention_heatmap(matrix, traj.prompt_len, f"Attention weights, layer {layer}, {who}",
+                                           sparse, texts=traj.tokens["text"].to_list())
+        if self.row_cursor is None:
+            self.row_cursor = Cursor([box(line_width=2, fill_alpha=0.12, fill_color="#d62728")],
+                                     lambda s: [plots.attention_cursor_box(s, self._P, self._nk)])
         self.row_cursor.step = st.step
         return base.opts(hooks=[self.row_cursor.hook])
 
@@ -106,8 +111,8 @@ class AttentionView(StateView):
         layer = pn.widgets.Select.from_param(st.param.layer, name="Layer", width=110)
         head = pn.widgets.Select.from_param(st.param.head, name="Head", width=160)
         stat = pn.widgets.Select.from_param(st.param.grid_stat, name="Grid statistic", width=170)
-        heat = pn.pane.HoloViews(pn.bind(self.heatmap, st.param.revision, st.param.layer, st.param.head),
-                                 sizing_mode="stretch_width", linked_axes=False, css_classes=["ts-attention-heatmap"])
+        dm = hv.DynamicMap(self.heatmap, streams=[hv.streams.Params(st, ["revision", "layer", "head"])])
+        heat = pn.pane.HoloViews(dm, sizing_mode="stretch_width", linked_axes=False, css_classes=["ts-attention-heatmap"])
         self._panes.append(heat)
         grid = pn.pane.HoloViews(pn.bind(self.grid, st.param.revision, st.param.grid_stat, st.param.layer, st.param.head),
                                  sizing_mode="stretch_width", linked_axes=False)

@@ -120,6 +120,8 @@ class Controls(StateView):
         t0 = time.monotonic()
         st.set_trajectory(traj, step=max(0, traj.n_steps - 1))
         log.info("new run on screen in %.2f s", time.monotonic() - t0)
+        if self.job is not None:
+            self.job.timings["on_screen_s"] = time.monotonic() - t0
         self.ticker.active = False
         done = (f"Done: {traj.meta.get('n_generated')} tokens in {traj.n_steps} steps "
                 f"(stopped by {traj.meta.get('stop_reason')}). Step with the player or the arrow keys.")

@@ -34,9 +34,11 @@ class TelemetryView(StateView):
             c.set_step(event.new, *self._panes)
 
     def _cursor(self, name: str, base):
-        c = Cursor([vline()], lambda s: [{"location": float(s)}])
+        """``base`` with the (one, persistent) step cursor of plot ``name`` hooked in."""
+        c = self.cursors.get(name)
+        if c is None:
+            c = self.cursors[name] = Cursor([vline()], lambda s: [{"location": float(s)}])
         c.step = self.state.step
-        self.cursors[name] = c
         return base.opts(hooks=[c.hook])
 
     def _tap(self, name: str, element) -> None:
@@ -45,34 +47,36 @@ class TelemetryView(StateView):
         self.taps[name] = tap
 
     def attention_curves(self, revision: int, layer: int, head: int, average: bool):
+        """Telemetry curves of the selection (same elements with or without a run: the plot is updated in place)."""
         st = self.state
         if st.trajectory is None:
-            return hv.Overlay([hv.Text(0, 0, "")]).opts(height=300, responsive=True)
-        if average:
+            tele, who = plots.empty_telemetry(), "no run yet"
+        elif average:
             tele, who = step_telemetry(st.trajectory.attention), "mean over all layers and heads"
         else:
             h = None if head == MEAN else head
             tele = step_telemetry(st.trajectory.attention, layer, h)
             who = f"layer {layer}, " + ("mean over heads" if h is None else f"head {h}")
-        base = plots.telemetry_plot(tele, title=f"Attention telemetry over steps — {who}")
-        self._tap("attention", base)
-        return self._cursor("attention", base)
+        return self._cursor("attention", plots.telemetry_plot(tele, title=f"Attention telemetry over steps — {who}"))
 
     def token_curves(self, revision: int):
         st = self.state
-        if st.trajectory is None:
-            return hv.Overlay([hv.Text(0, 0, "")]).opts(height=220, responsive=True)
-        base = plots.next_token_plot(st.trajectory.tokens, st.trajectory.prompt_len)
-        self._tap("tokens", base)
+        traj = st.trajectory
+        base = (plots.next_token_plot(traj.tokens, traj.prompt_len) if traj is not None
+                else plots.next_token_plot(plots.empty_tokens(), 1))
         return self._cursor("tokens", base)
 
     def __panel__(self):
         st = self.state
         avg = pn.widgets.Checkbox.from_param(st.param.telemetry_average, name="Average over all layers and heads")
-        a = pn.pane.HoloViews(pn.bind(self.attention_curves, st.param.revision, st.param.layer, st.param.head,
-                                      st.param.telemetry_average), sizing_mode="stretch_width", linked_axes=False)
-        t = pn.pane.HoloViews(pn.bind(self.token_curves, st.param.revision), sizing_mode="stretch_width",
-                              linked_axes=False)
+        # DynamicMaps: a new run or selection updates the same Bokeh figures (data and title), none is rebuilt
+        dm_a = hv.DynamicMap(self.attention_curves, streams=[hv.streams.Params(
+            st, ["revision", "layer", "head", "telemetry_average"], rename={"telemetry_average": "average"})])
+        dm_t = hv.DynamicMap(self.token_curves, streams=[hv.streams.Params(st, ["revision"])])
+        self._tap("attention", dm_a)
+        self._tap("tokens", dm_t)
+        a = pn.pane.HoloViews(dm_a, sizing_mode="stretch_width", linked_axes=False)
+        t = pn.pane.HoloViews(dm_t, sizing_mode="stretch_width", linked_axes=False)
         self._panes += [a, t]
         note = pn.pane.Markdown(
             "Step 0 is the prefill pass (its last prompt query); step s ≥ 1 is the decode pass that reads the token at "

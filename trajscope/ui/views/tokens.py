@@ -28,6 +28,7 @@ class TokenStrip(StateView):
     def __init__(self, **params):
         super().__init__(**params)
         self.layout_df: pl.DataFrame | None = None
+        self.prompt_len = 0
         self.cursor: Cursor | None = None
         self._panes: list = []
         self.state.param.watch(self._move, "step")
@@ -37,27 +38,24 @@ class TokenStrip(StateView):
             self.cursor.set_step(event.new, *self._panes)
 
     def build(self, revision: int, metric: str, layer: int):
-        """The strip for the current run and metric, with the step cursor hooked in."""
+        """The strip for the current run and metric, with the step cursor hooked in (updated in place)."""
         st = self.state
         traj = st.trajectory
-        if traj is None:
-            return hv.Overlay([hv.Text(0, 0, "No run yet")]).opts(height=120, responsive=True, xaxis=None, yaxis=None)
-        drift = position_zscore(traj.activations, layer) if metric == "drift" else None
-        values = plots.token_metric_values(traj.tokens, metric, drift)
-        layout = plots.token_layout(traj.tokens, values)
-        self.layout_df = layout
+        tokens = traj.tokens if traj is not None else plots.empty_tokens()
+        drift = position_zscore(traj.activations, layer) if metric == "drift" and traj is not None else None
+        values = plots.token_metric_values(tokens, metric, drift)
+        self.layout_df = plots.token_layout(tokens, values)
+        self.prompt_len = traj.prompt_len if traj is not None else 0
         label = _LABELS.get(metric, metric) + (f", layer {layer}" if metric == "drift" else "")
-        base = plots.token_strip(layout, traj.prompt_len, label, plots.METRIC_CMAPS.get(metric, "viridis"))
-        self.tap = hv.streams.Tap(source=base.get(0))
-        self.tap.add_subscriber(self._on_tap)
-        P = traj.prompt_len
-
-        def props(step):
-            return plots.token_cursor_boxes(layout, positions.query_pos(step, P), positions.produced_pos(step, P))
-
-        self.cursor = Cursor([box(line_width=3), box(line_width=2, line_dash="dashed")], props)
+        base = plots.token_strip(self.layout_df, self.prompt_len, label, plots.METRIC_CMAPS.get(metric, "viridis"))
+        if self.cursor is None:
+            self.cursor = Cursor([box(line_width=3), box(line_width=2, line_dash="dashed")], self._cursor_props)
         self.cursor.step = st.step
         return base.opts(hooks=[self.cursor.hook])
+
+    def _cursor_props(self, step: int) -> list[dict]:
+        P = self.prompt_len
+        return plots.token_cursor_boxes(self.layout_df, positions.query_pos(step, P), positions.produced_pos(step, P))
 
     def _on_tap(self, x=None, y=None, **_):
         if self.layout_df is None:
@@ -69,8 +67,12 @@ class TokenStrip(StateView):
     def __panel__(self):
         st = self.state
         metric = pn.widgets.Select.from_param(st.param.token_metric, name="Colour tokens by", width=240)
-        pane = pn.pane.HoloViews(pn.bind(self.build, st.param.revision, st.param.token_metric, st.param.layer),
-                                 sizing_mode="stretch_width", linked_axes=False, css_classes=["ts-token-strip"])
+        # a DynamicMap: a new run or colouring updates the same figure in place
+        dm = hv.DynamicMap(self.build, streams=[hv.streams.Params(st, ["revision", "token_metric", "layer"],
+                                                                  rename={"token_metric": "metric"})])
+        self.tap = hv.streams.Tap(source=dm)
+        self.tap.add_subscriber(self._on_tap)
+        pane = pn.pane.HoloViews(dm, sizing_mode="stretch_width", linked_axes=False, css_classes=["ts-token-strip"])
         self._panes.append(pane)
         note = pn.pane.Markdown(
             "Each box is one token (· space, ↵ newline). Left of the red bar: the prompt (read at step 0, prefill); "
