@@ -8,6 +8,11 @@ opens (streaming, like pressing Generate).
 
 Environment: ``TRAJSCOPE_RUN`` opens another run directory; ``TRAJSCOPE_MODEL``
 uses another model source for Generate.
+
+Serving for a team: what browsers may reach is the operator's choice, given after
+``--args`` (see :mod:`trajscope.ui.operator` and ``docs/operator.md``)::
+
+    panel serve apps/trajscope.py --args --data-dir /data/runs --models sample,gpt2 --max-new-tokens 500
 """
 
 import os
@@ -20,9 +25,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import panel as pn  # noqa: E402
 
+from trajscope.ui import operator  # noqa: E402
 from trajscope.ui.views.app import default_page  # noqa: E402
 
 pn.extension("tabulator", notifications=True)
+operator.configure(operator.ServeConfig.from_args(sys.argv[1:]))  # `--args …` of panel serve, else the environment
 
 default_page(os.environ.get("TRAJSCOPE_RUN") or None, model=os.environ.get("TRAJSCOPE_MODEL", "sample")).servable(
     title="trajscope")

@@ -56,3 +56,16 @@ def _runs_dir(tmp_path, monkeypatch):
     """Runs the app saves go to the test's temporary directory, never into the checkout."""
     monkeypatch.setenv("TRAJSCOPE_RUNS_DIR", str(tmp_path / "runs"))
     return tmp_path / "runs"
+
+
+@pytest.fixture(autouse=True)
+def _operator(tmp_path_factory, monkeypatch, _runs_dir):
+    """The served-app confinement, with the tests' temporary directories among the data directories."""
+    from trajscope.model import sample_data_dir
+    from trajscope.ui import operator
+
+    dirs = [str(tmp_path_factory.getbasetemp()), str(sample_data_dir()), str(_runs_dir)]
+    monkeypatch.setenv("TRAJSCOPE_DATA_DIRS", os.pathsep.join(dirs))
+    operator.configure(None)
+    yield
+    operator.configure(None)

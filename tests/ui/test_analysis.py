@@ -47,7 +47,7 @@ def test_drift_settings_compute_and_explain(llama, profile_path):
     assert set(ds.thresholds) == {0, 1} and ds.fpr == 0.05
     ds.compute(ts.capture(llama, "import os\n", max_new_tokens=2))
     assert ds.drift is None and "Keep residuals of layers" in ds.message  # a control that exists
-    ds.profile_path = "/nope.safetensors"
+    ds.profile_path = str(profile_path.parent / "nope.safetensors")
     ds.compute(traj)
     assert "No profile at" in ds.message
 

@@ -164,3 +164,19 @@ def test_parquet_download_reads_back(page, short_run_dir, tmp_path, short_run):
     assert df.height == short_run.tokens.height == short_run.prompt_len + 12
     assert df["pos"].to_list() == list(range(df.height))
     assert (df["phase"] == "decode").sum() == 12
+
+
+def test_paths_outside_the_data_directories_are_refused(page, short_run_dir):
+    apps = serve(page, run_dir=short_run_dir)
+    app = apps[0]
+    wait_until(lambda: page.locator("canvas").count() >= 3, page, timeout=TIMEOUT)
+    shown = app.state.trajectory.run_id
+    for bad in ("/etc", "../../..", "/proc/self"):
+        box = page.get_by_label("Open a saved run directory", exact=True)
+        box.fill(bad)
+        box.press("Enter")
+        page.locator(".ts-open button").click()
+        wait_until(lambda: "outside the directories this server reads" in text(page, ".ts-error"), page, timeout=TIMEOUT)
+        assert app.state.trajectory.run_id == shown  # nothing was read; the run on screen stays
+        app.state.error = ""
+        wait_until(lambda: "outside" not in text(page, ".ts-error"), page, timeout=TIMEOUT)

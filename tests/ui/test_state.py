@@ -109,3 +109,13 @@ def test_extra_token_columns_become_metrics(short_run):
     drift = tokens.with_columns(pl.lit(1.0).alias("drift_score_max"))
     assert token_metric_choices(drift)["drift score (max over layers)"] == "drift_score_max"
     assert "pos" not in token_metric_choices(tokens).values()
+
+
+def test_step_box_says_when_a_typed_step_is_outside_the_run():
+    """Issue: "Jump to step" accepted 999 and did nothing."""
+    from trajscope.ui.views.player import check_step
+
+    assert check_step("12", 40) == (12, "")
+    assert check_step("999", 40) == (None, "Step 999 is outside this run: it has steps 0 to 39.")
+    assert check_step("x", 40)[1] == "Type a step number from 0 to 39."
+    assert check_step("3", 0)[0] is None

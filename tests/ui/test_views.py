@@ -101,8 +101,12 @@ def test_stop_keeps_captured_steps(sample_model):
     assert traj.meta["stop_reason"] == "cancelled" and 1 <= traj.n_steps < 300
 
 
-def test_bad_input_is_reported_and_app_stays_usable(sample_model, tmp_path, fresh_models):
+def test_bad_input_is_reported_and_app_stays_usable(sample_model, tmp_path, fresh_models, monkeypatch):
+    from trajscope.ui import operator
+
     runner._MODELS[("sample", False, None)] = sample_model
+    monkeypatch.setenv("TRAJSCOPE_MODELS", "sample,no-such-model-xyz,some/remote-model")
+    operator.configure(None)
     app = TrajScope(max_new_tokens=3)
     st = app.state
     errors = []
@@ -111,6 +115,9 @@ def test_bad_input_is_reported_and_app_stays_usable(sample_model, tmp_path, fres
     assert app.controls.generate(dispatch=lambda fn: fn()) is None
     assert "prompt is empty" in st.error and not st.busy
     st.prompt = "def f(x):"
+    st.model_source = "not-on-the-list"  # refused before anything is loaded
+    assert app.controls.generate(dispatch=lambda fn: fn()) is None
+    assert "not on this server's list" in st.error and "--models" in st.error
     st.model_source = "no-such-model-xyz"
     wait_job(app.controls.generate(dispatch=lambda fn: fn()))
     assert "Unknown model 'no-such-model-xyz'" in st.error and not st.busy
@@ -128,7 +135,7 @@ def test_bad_input_is_reported_and_app_stays_usable(sample_model, tmp_path, fres
     st.run_path = ""
     app.controls.open_run()
     assert "path of a run directory" in st.error
-    assert len(errors) == 5
+    assert len(errors) == 6
     # still usable: a good generation after all that
     st.param.update(model_source="sample", remote=False, error="")
     wait_job(app.controls.generate(dispatch=lambda fn: fn()))
@@ -136,12 +143,16 @@ def test_bad_input_is_reported_and_app_stays_usable(sample_model, tmp_path, fres
 
 
 def test_api_key_never_leaves_memory(sample_model, fresh_models, monkeypatch):
+    from trajscope.ui import operator
+
     monkeypatch.delenv("NDIF_API_KEY", raising=False)
+    monkeypatch.setenv("TRAJSCOPE_MODELS", "bad,good")
+    operator.configure(None)
     secret = "ndif-SECRET-key-0123456789"
     seen_env = {}
 
-    def loader(source, remote=False):
-        seen_env["key"] = os.environ.get("NDIF_API_KEY")
+    def loader(source, remote=False, api_key=None):
+        seen_env["key"], seen_env["env"] = api_key, dict(os.environ)  # the key is an argument, never in os.environ
         if source == "bad":
             raise ts.TrajscopeError(f"Cannot reach NDIF with key {secret}.")
         return sample_model
@@ -152,7 +163,7 @@ def test_api_key_never_leaves_memory(sample_model, fresh_models, monkeypatch):
     assert secret not in app.state.error and "***" in app.state.error
     app.state.model_source = "good"
     wait_job(app.controls.generate(dispatch=lambda fn: fn(), loader=loader))
-    assert seen_env["key"] == secret and "NDIF_API_KEY" not in os.environ
+    assert seen_env["key"] == secret and secret not in json.dumps(seen_env["env"]) and "NDIF_API_KEY" not in os.environ
     traj = app.state.trajectory
     assert secret not in json.dumps(traj.meta, default=str)
     for table in ("tokens", "attention", "activations"):
@@ -264,7 +275,7 @@ def test_export_view_offers_a_comparison_report(short_run, short_run_dir):
     view.compare_with = str(short_run_dir)
     two = view._report().getvalue().decode()
     assert two.count(short_run.run_id) >= 2
-    view.compare_with = "/no/such/run"
+    view.compare_with = str(short_run_dir.parent / "no-such-run")
     assert view._report() is None and "No run directory" in view.state.error
 
 

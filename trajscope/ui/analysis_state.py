@@ -68,7 +68,9 @@ class DriftSettings(param.Parameterized):
             TrajscopeError: no file there, or not a profile.
         """
         from trajscope.profile import ReferenceProfile
+        from trajscope.ui.operator import config
 
+        config().path(self.profile_path, "drift profile")  # typed in the browser: inside the data directories
         if getattr(self, "_profile_path", None) != self.profile_path:
             self._profile, self._profile_path = None, self.profile_path
             if not pathlib.Path(self.profile_path).is_file():

@@ -13,16 +13,16 @@ forwarded in batches a few times a second, so a fast model never floods the
 event loop; the settings are a :class:`~trajscope.ui.plan.CapturePlan` frozen
 when Generate was pressed.
 
-The NDIF API key is passed to :func:`trajscope.load_model` through the
-``NDIF_API_KEY`` environment variable only for the duration of the load (under a
-lock, restored in ``finally``); it is not stored in the cache key, the run or
-any message.
+The cache holds at most the operator's ``max_models``
+(:mod:`trajscope.ui.operator`), least recently used out. The NDIF API key is
+passed to :func:`trajscope.load_model` as an argument (never through
+``os.environ``, a process-wide change other sessions would see); it is not
+stored in the cache key (a hash is), the run or any message.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
 import logging
 import os
@@ -35,27 +35,8 @@ from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle, load_model
 
 log = logging.getLogger(__name__)
-_MODELS: dict[tuple, ModelHandle] = {}
+_MODELS: "collections.OrderedDict[tuple, ModelHandle]" = collections.OrderedDict()  # least recently used first
 _MODELS_LOCK = threading.Lock()
-_ENV_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _api_key_env(key: str | None):
-    """Set ``NDIF_API_KEY`` for the body only (restored afterwards, even on error)."""
-    if not key:
-        yield
-        return
-    with _ENV_LOCK:
-        old = os.environ.get("NDIF_API_KEY")
-        os.environ["NDIF_API_KEY"] = key
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop("NDIF_API_KEY", None)
-            else:
-                os.environ["NDIF_API_KEY"] = old
 
 
 def get_model(source: str, remote: bool = False, api_key: str | None = None,
@@ -72,15 +53,20 @@ def get_model(source: str, remote: bool = False, api_key: str | None = None,
     """
     key_id = hashlib.sha256(api_key.encode()).hexdigest()[:12] if (remote and api_key) else None
     cache_key = (source, bool(remote), key_id)
+    from trajscope.ui.operator import config
+
     with _MODELS_LOCK:
         if cache_key in _MODELS:
+            _MODELS.move_to_end(cache_key)
             return _MODELS[cache_key]
         load = loader or load_model
         if remote and not api_key and not os.environ.get("NDIF_API_KEY"):
             raise TrajscopeError("Remote (NDIF) models need an API key: paste it in the API key field (get one at ndif.us).")
-        with _api_key_env(api_key if remote else None):
-            model = load(source, remote=True) if remote else load(source)
+        model = load(source, remote=True, api_key=api_key) if remote else load(source)
         _MODELS[cache_key] = model
+        while len(_MODELS) > config().max_models:  # the operator's bound: least recently used out
+            old, _ = _MODELS.popitem(last=False)
+            log.info("model cache full (%d): unloaded %s", config().max_models, old[0])
         return model
 
 

@@ -87,6 +87,8 @@ class AppState(param.Parameterized):
     token_metric = param.Selector(default="entropy", objects=dict(TOKEN_METRICS), doc="Per-token metric that colours the token strip.")
 
     # -- generation settings -------------------------------------------------------------------
+    trusted_models = param.List(default=[], precedence=-1, doc="Models the app was started with (chosen by the "
+                                "operator in code, not typed in the browser): allowed besides the server's list.")
     model_source = param.String(default="sample", doc="'sample', a local model directory, a cached Hugging Face name, or an NDIF model name.")
     remote = param.Boolean(default=False, doc="Run on NDIF (needs an API key).")
     ndif_api_key = param.String(default="", doc="NDIF API key; kept in memory only, never saved, exported or logged.")
@@ -195,6 +197,9 @@ class AppState(param.Parameterized):
             raise TrajscopeError("The prompt is empty; type some text to continue.")
         if self.max_new_tokens is None or int(self.max_new_tokens) < 1:
             raise TrajscopeError(f"Max new tokens must be at least 1 (it is {self.max_new_tokens}).")
+        from trajscope.ui.operator import config
+
+        config().new_tokens(int(self.max_new_tokens))
         want_res = tuple(sorted({*(self.drift_layers or ()), *(() if self.sae_layer is None else (self.sae_layer,))}))
         config = CaptureConfig(max_new_tokens=int(self.max_new_tokens), temperature=float(self.temperature),
                                seed=int(self.seed), residual_layers=parse_layers(self.keep_residuals, None, "residuals"),
@@ -204,10 +209,12 @@ class AppState(param.Parameterized):
 
     def model_key(self) -> tuple[str, bool]:
         """What identifies the model to load: ``(source, remote)`` (never the key)."""
+        from trajscope.ui.operator import config
+
         src = self.model_source.strip()
         if not src:
             raise TrajscopeError("A model source is needed: 'sample', a model directory, a cached Hugging Face name, or an NDIF model.")
-        return src, bool(self.remote)
+        return config().model(src, tuple(self.trusted_models)), bool(self.remote)
 
     def __repr__(self) -> str:  # the API key must not appear in reprs that end up in logs
         return f"AppState(run={getattr(self.trajectory, 'run_id', None)!r}, step={self.step})"

@@ -129,7 +129,10 @@ class SteeringView(StateView):
         s = self.settings
         key = (s.pairs_path, s.layer, model.model_id)
         if key not in self._vectors:
-            self._vectors[key] = SteeringVector.from_contrast(model, read_pairs(s.pairs_path), s.layer, name="caa")
+            from trajscope.ui.operator import config
+
+            pairs = read_pairs(config().path(s.pairs_path, "contrast pairs file"))
+            self._vectors[key] = SteeringVector.from_contrast(model, pairs, s.layer, name="caa")
         return s.vector(self._vectors[key])
 
     def _launch(self, work) -> None:

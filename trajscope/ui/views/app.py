@@ -67,7 +67,7 @@ class TrajScope(StateView):
         if isinstance(trajectory, (str, os.PathLike)):
             trajectory = Trajectory.load(trajectory)
         if params.get("state") is None:
-            params["state"] = AppState(model_source=model, **state_params)
+            params["state"] = AppState(model_source=model, trusted_models=[model], **state_params)
         super().__init__(model=model, **params)
         if trajectory is not None:
             self.state.set_trajectory(trajectory, step=0)

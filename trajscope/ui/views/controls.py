@@ -20,6 +20,7 @@ from trajscope.trajectory import Trajectory
 from trajscope.ui.plots import visible
 from trajscope.ui.runner import GenerationJob
 from trajscope.ui import saved_runs
+from trajscope.ui.operator import config
 from trajscope.ui.views._base import StateView, dispatcher, in_background
 from trajscope.ui.views.ticker import Ticker
 
@@ -161,7 +162,7 @@ class Controls(StateView):
             st.report("Type the path of a run directory (it holds meta.json and the .parquet tables).")
             return
         try:
-            traj = Trajectory.load(path)
+            traj = Trajectory.load(config().path(path, "run directory"))
         except TrajscopeError as exc:
             st.report(str(exc))
             return

@@ -41,7 +41,10 @@ class ExportView(StateView):
             self.state.report("There is no run to report on yet.")
             return None
         try:
-            return io.BytesIO(report_bytes(self.state.trajectory, self.compare_with))
+            from trajscope.ui.operator import config
+
+            other = str(config().path(self.compare_with, "run to compare with")) if self.compare_with.strip() else ""
+            return io.BytesIO(report_bytes(self.state.trajectory, other))
         except TrajscopeError as exc:
             self.state.report(str(exc))
             return None

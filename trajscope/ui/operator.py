@@ -1,0 +1,130 @@
+"""What the operator of a served app allows, and the checks that enforce it on what browsers type.
+
+``panel serve apps/trajscope.py`` is how a team shares trajscope: the person who
+starts the server decides what its users can reach; the browser user never can.
+The operator's settings (command line after ``--args``, or environment
+variables of the same meaning):
+
+=====================  ===========================  =========================================
+option                 environment variable         default
+=====================  ===========================  =========================================
+``--data-dir DIR``     ``TRAJSCOPE_DATA_DIRS``      ``sample_data/`` and the runs directory
+``--models A,B``       ``TRAJSCOPE_MODELS``         ``sample``
+``--max-new-tokens N`` ``TRAJSCOPE_MAX_NEW_TOKENS`` 1000
+``--max-models N``     ``TRAJSCOPE_MAX_MODELS``     2 (loaded models kept, least recently used out)
+=====================  ===========================  =========================================
+
+(``TRAJSCOPE_DATA_DIRS`` separates directories with ``os.pathsep``.) Every path
+typed in the browser — a run directory, an SAE, a drift profile, contrast pairs,
+a run to compare with — must resolve, after symlinks and ``..``, inside one of
+the data directories, else it is refused with one sentence and nothing is read.
+Models come from the operator's list (plus the one the app was started with,
+which the operator chose). Remote code is never trusted from the browser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+
+from trajscope.errors import TrajscopeError
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    """The operator's limits (see the module docstring)."""
+
+    data_dirs: tuple[pathlib.Path, ...]
+    models: tuple[str, ...] = ("sample",)
+    max_new_tokens: int = 1000
+    max_models: int = 2
+
+    @classmethod
+    def from_args(cls, argv: list[str] | None = None, env: dict | None = None) -> "ServeConfig":
+        """From ``--args`` of ``panel serve`` (``argv``) over environment variables over the defaults.
+
+        Raises:
+            TrajscopeError: an unknown option or a value that is not a number where one is needed.
+        """
+        from trajscope.model import sample_data_dir
+        from trajscope.ui.saved_runs import runs_dir
+
+        env = os.environ if env is None else env
+        ap = argparse.ArgumentParser(prog="panel serve apps/trajscope.py --args", add_help=False)
+        ap.add_argument("--data-dir", action="append", default=None)
+        ap.add_argument("--models", default=None)
+        ap.add_argument("--max-new-tokens", type=int, default=None)
+        ap.add_argument("--max-models", type=int, default=None)
+        try:
+            args = ap.parse_args(argv or [])
+        except SystemExit:
+            raise TrajscopeError(f"Unknown server options {argv}; the options are --data-dir, --models, "
+                                 "--max-new-tokens, --max-models.") from None
+        dirs = args.data_dir or [d for d in env.get("TRAJSCOPE_DATA_DIRS", "").split(os.pathsep) if d]
+        dirs = dirs or [str(sample_data_dir()), str(runs_dir())]
+        models = args.models or env.get("TRAJSCOPE_MODELS") or "sample"
+        try:
+            max_new = args.max_new_tokens or int(env.get("TRAJSCOPE_MAX_NEW_TOKENS") or 1000)
+            max_models = args.max_models or int(env.get("TRAJSCOPE_MAX_MODELS") or 2)
+        except ValueError:
+            raise TrajscopeError("TRAJSCOPE_MAX_NEW_TOKENS and TRAJSCOPE_MAX_MODELS must be whole numbers.") from None
+        return cls(data_dirs=tuple(pathlib.Path(d).expanduser().resolve() for d in dirs),
+                   models=tuple(m.strip() for m in models.split(",") if m.strip()),
+                   max_new_tokens=max(1, max_new), max_models=max(1, max_models))
+
+    def path(self, text: str, what: str) -> pathlib.Path:
+        """``text`` resolved (symlinks, ``..``) if it lies inside a data directory.
+
+        Raises:
+            TrajscopeError: empty, or outside every data directory (the sentence names them).
+        """
+        if not str(text).strip():
+            raise TrajscopeError(f"Type the path of the {what}.")
+        p = pathlib.Path(str(text).strip()).expanduser()
+        resolved = p.resolve() if p.is_absolute() else (pathlib.Path.cwd() / p).resolve()
+        if any(resolved == d or d in resolved.parents for d in self.data_dirs):
+            return resolved
+        allowed = ", ".join(str(d) for d in self.data_dirs)
+        raise TrajscopeError(f"'{text}' is outside the directories this server reads ({allowed}); the operator "
+                             "can add one with --data-dir.")
+
+    def model(self, source: str, trusted: tuple[str, ...] = ()) -> str:
+        """``source`` if the operator allows it (their list, or ``trusted``: the app's own start-up model).
+
+        Raises:
+            TrajscopeError: a model not on the list (the sentence names the list).
+        """
+        if source in self.models or source in trusted:
+            return source
+        names = ", ".join(dict.fromkeys((*self.models, *trusted)))
+        raise TrajscopeError(f"Model '{source}' is not on this server's list ({names}); the operator adds models "
+                             "with --models.")
+
+    def new_tokens(self, n: int) -> int:
+        """``n`` if within the cap.
+
+        Raises:
+            TrajscopeError: above the operator's ``max_new_tokens``.
+        """
+        if n > self.max_new_tokens:
+            raise TrajscopeError(f"Max new tokens is capped at {self.max_new_tokens} on this server (asked: {n}).")
+        return n
+
+
+_CONFIG: ServeConfig | None = None
+
+
+def config() -> ServeConfig:
+    """The process's :class:`ServeConfig` (from the environment, until :func:`configure` sets another)."""
+    global _CONFIG
+    if _CONFIG is None:
+        _CONFIG = ServeConfig.from_args()
+    return _CONFIG
+
+
+def configure(cfg: ServeConfig | None) -> None:
+    """Set the process's config (``apps/trajscope.py`` does, from ``--args``); None: back to the environment."""
+    global _CONFIG
+    _CONFIG = cfg
