@@ -73,7 +73,8 @@ def test_drift_plots_carry_the_scores(llama, profile_path):
     lo, hi = heat.opts.get().kwargs["clim"]
     assert abs((lo + hi) / 2 - 1.0) < 1e-9 or lo == 0.0  # diverging around 1 (the prefill-typical score)
     # flags on the token strip: a per-token colouring metric
-    flags = traj.tokens.sort("pos")["drift_flagged_layers"].to_list()
+    assert "drift_flagged_layers" not in traj.tokens.columns  # the shared run is not modified
+    flags = view.state.tokens().sort("pos")["drift_flagged_layers"].to_list()
     want = drift.group_by("pos").agg(pl.col("flagged").sum()).sort("pos")["flagged"].to_list()
     assert flags[: len(want)] == want
     assert "drift_flagged_layers" in view.state.param.token_metric.objects.values()

@@ -75,6 +75,9 @@ class AppState(param.Parameterized):
 
     # -- the run and the cursor ---------------------------------------------------------------
     trajectory = param.ClassSelector(class_=Trajectory, allow_None=True, doc="The run on screen (None before the first one).")
+    token_extra = param.ClassSelector(class_=pl.DataFrame, allow_None=True, doc="Per-token columns that analyses "
+                                      "derived for the run on screen (``pos`` + columns), joined onto its tokens for "
+                                      "the token strip; the shared Trajectory is never modified.")
     revision = param.Integer(default=0, doc="Bumped whenever a new trajectory is set; plots that depend on the whole run watch it.")
     step = param.Integer(default=0, bounds=(0, 0), doc="Current step: 0 = prefill, s ≥ 1 = decode step s (query at pos P+s−1).")
 
@@ -164,8 +167,27 @@ class AppState(param.Parameterized):
             self.param.step.bounds = (0, last)
             new_step = self.step if step is None else step
             self.step = min(max(0, new_step), last)
+            self.token_extra = None
             self.trajectory = traj
             self.revision += 1
+
+    def tokens(self) -> pl.DataFrame:
+        """The run's tokens with the analyses' per-token columns (:attr:`token_extra`) joined on ``pos``."""
+        toks = self.trajectory.tokens
+        extra = self.token_extra
+        if extra is None:
+            return toks
+        return toks.drop([c for c in extra.columns if c != "pos"], strict=False).join(extra, on="pos", how="left")
+
+    def add_token_columns(self, extra: pl.DataFrame) -> None:
+        """Offer ``extra`` (``pos`` + numeric columns) as token colourings of the run on screen."""
+        old = self.token_extra
+        if old is not None:
+            extra = old.drop([c for c in extra.columns if c != "pos"], strict=False).join(extra, on="pos", how="full",
+                                                                                         coalesce=True)
+        with param.parameterized.batch_call_watchers(self):
+            self.token_extra = extra
+            self.param.token_metric.objects = token_metric_choices(self.tokens())
 
     def go(self, step: int) -> None:
         """Jump to ``step`` (clamped to the run)."""

@@ -68,17 +68,14 @@ class DriftView(StateView):
         """Show the drift table; put per-token flags on the token strip (``drift_flagged_layers``, ``drift_score_max``)."""
         import polars as pl
 
-        from trajscope.ui.state import token_metric_choices
-
         if ticket != self._ticket:
             return
         drift, message = result
         if drift is not None:
             per = drift.group_by("pos").agg(pl.col("score").max().alias("drift_score_max"),
                                             pl.col("flagged").sum().cast(pl.Int32).alias("drift_flagged_layers"))
-            traj.tokens = traj.tokens.drop("drift_score_max", "drift_flagged_layers", strict=False).join(
-                per, on="pos", how="left")
-            self.state.param.token_metric.objects = token_metric_choices(traj.tokens)
+            if self.state.trajectory is traj:  # the run's own tables are shared: the view adds columns beside them
+                self.state.add_token_columns(per)
         self.settings.param.update(drift=drift, message=message)
 
     def _plots(self, drift, message):

@@ -41,7 +41,7 @@ class TokenStrip(StateView):
         """The strip for the current run and metric, with the step cursor hooked in (updated in place)."""
         st = self.state
         traj = st.trajectory
-        tokens = traj.tokens if traj is not None else plots.empty_tokens()
+        tokens = st.tokens() if traj is not None else plots.empty_tokens()
         drift = position_zscore(traj.activations, layer) if metric == "drift" and traj is not None else None
         values = plots.token_metric_values(tokens, metric, drift)
         self.layout_df = plots.token_layout(tokens, values)
@@ -68,8 +68,9 @@ class TokenStrip(StateView):
         st = self.state
         metric = pn.widgets.Select.from_param(st.param.token_metric, name="Colour tokens by", width=240)
         # a DynamicMap: a new run or colouring updates the same figure in place
-        dm = hv.DynamicMap(self.build, streams=[hv.streams.Params(st, ["revision", "token_metric", "layer"],
-                                                                  rename={"token_metric": "metric"})])
+        dm = hv.DynamicMap(lambda revision, metric, layer, token_extra: self.build(revision, metric, layer),
+                           streams=[hv.streams.Params(st, ["revision", "token_metric", "layer", "token_extra"],
+                                                      rename={"token_metric": "metric"})])
         self.tap = hv.streams.Tap(source=dm)
         self.tap.add_subscriber(self._on_tap)
         pane = pn.pane.HoloViews(dm, sizing_mode="stretch_width", linked_axes=False, css_classes=["ts-token-strip"])
