@@ -324,3 +324,19 @@ def test_generated_runs_are_saved_and_listed_for_a_reload(sample_model, fresh_mo
     wait_job(app.controls.generate(dispatch=lambda fn: fn()))
     assert "Cannot write the run" in app.state.error and "stays on screen" in app.state.error
     assert app.state.trajectory.run_id != traj.run_id
+
+
+def test_views_build_their_layout_once(short_run):
+    """Watchers registered while building a view's layout must not pile up with every render."""
+    app = TrajScope(trajectory=short_run)
+
+    def n_watchers():
+        return sum(len(ws) for w in app.state.param.watchers.values() for ws in w.values())
+
+    app.__panel__()  # builds every view once
+    first = [v.__panel__() for v in (app.controls, app.player, app.tokens, app.telemetry, app.export)]
+    before = n_watchers()
+    for _ in range(3):
+        app.__panel__()  # a notebook cell shown again, or a second page render
+    again = [v.__panel__() for v in (app.controls, app.player, app.tokens, app.telemetry, app.export)]
+    assert all(a is b for a, b in zip(first, again)) and n_watchers() == before

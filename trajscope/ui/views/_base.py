@@ -12,9 +12,31 @@ from trajscope.ui.state import AppState
 
 
 class StateView(pn.viewable.Viewer):
-    """A view over an :class:`AppState` (one per session; several views share it)."""
+    """A view over an :class:`AppState` (one per session; several views share it).
+
+    A view builds its layout once: the first ``__panel__()`` result is kept and returned by every
+    later call (Panel renders one layout in several places). Widgets, streams and the watchers
+    that a subclass's ``__panel__`` registers therefore exist once per view, instead of piling up
+    with every render. A subclass that must run code on each render (the app registers its
+    page-load callback) sets ``cache_layout = False``.
+    """
 
     state = param.ClassSelector(class_=AppState, doc="The app state this view shows and edits.")
+    cache_layout = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        build = cls.__dict__.get("__panel__")
+        if build is None or not cls.cache_layout:
+            return
+
+        def __panel__(self, _build=build):
+            if self.__dict__.get("_layout") is None:
+                self.__dict__["_layout"] = _build(self)
+            return self.__dict__["_layout"]
+
+        __panel__.__doc__ = build.__doc__
+        cls.__panel__ = __panel__
 
     def __init__(self, **params):
         if params.get("state") is None:

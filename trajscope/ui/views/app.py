@@ -59,6 +59,7 @@ class TrajScope(StateView):
         autostart: when no run is given, generate one as soon as the page shows it.
     """
 
+    cache_layout = False  # __panel__ registers the page-load callback of each new session
     model = param.String(default="sample", doc="Model source used by Generate.")
     autostart = param.Boolean(default=False, doc="Generate a first run when the app is shown without one.")
 
