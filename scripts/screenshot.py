@@ -6,8 +6,7 @@ The page is captured at a 1600-pixel width after moving to a mid-decode step
 so that every cursor is visible. Needs Chromium at ``/usr/bin/chromium``
 (Debian package ``chromium``) and Playwright for Python.
 
-A second picture, ``<out>-analysis.png``, shows the SAE features, Drift and Steering cards after
-steering the demo prompt from step 10.
+A second picture, ``<out>-analysis.png``, stacks the SAE features and Drift tabs.
 
 Usage: ``python scripts/screenshot.py [--out assets/screenshot.png] [--step 20]``
 """
@@ -40,6 +39,21 @@ def demo_run_dir(tmp: str) -> pathlib.Path:
     return traj.save(pathlib.Path(tmp) / "demo")
 
 
+def stack(pngs: list[bytes], out: pathlib.Path) -> None:
+    """Write the PNG images ``pngs`` one below the other into ``out``."""
+    import io
+
+    from PIL import Image
+
+    images = [Image.open(io.BytesIO(b)) for b in pngs]
+    canvas = Image.new("RGB", (max(i.width for i in images), sum(i.height for i in images)), "white")
+    y = 0
+    for im in images:
+        canvas.paste(im, (0, y))
+        y += im.height
+    canvas.save(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "assets" / "screenshot.png"))
@@ -64,31 +78,29 @@ def main() -> None:
         try:
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-                page = browser.new_page(viewport={"width": 1600, "height": 2250})
+                page = browser.new_page(viewport={"width": 1600, "height": 1500})
                 page.goto(f"http://localhost:{args.port}/", wait_until="networkidle", timeout=120_000)
                 page.wait_for_function("() => document.querySelectorAll('*').length > 50", timeout=60_000)
                 deadline = time.time() + 90
                 while not apps and time.time() < deadline:
                     time.sleep(0.2)
                 time.sleep(3)
-                apps[0].state.go(args.step)
+                app = apps[0]
+                app.state.go(args.step)
                 time.sleep(3)
                 out = pathlib.Path(args.out)
                 out.parent.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(out), full_page=True)
-                # second picture: the Drift and Steering cards, with a steered run of the demo prompt
-                app = apps[0]
-                app.steering.settings.param.update(start_step=10, strength=1.0)
-                app.steering.steer()
-                deadline = time.time() + 120
-                while (app.steering.settings.busy or app.steering.settings.steered is None) and time.time() < deadline:
-                    time.sleep(0.3)
-                time.sleep(3)
-                page.get_by_text("SAE features", exact=True).scroll_into_view_if_needed()
-                page.evaluate("() => { const m = document.querySelector('#main'); if (m) m.scrollBy(0, -10); }")
-                time.sleep(2)
+                page.screenshot(path=str(out))  # Overview tab
+                # second picture: the SAE features and Drift tabs side by side is not possible; take the Drift
+                # tab, then the SAE tab below it, and stack them
+                shots = []
+                for tab in ("SAE features", "Drift"):
+                    page.locator(".bk-tab", has_text=tab).click()
+                    time.sleep(5)
+                    tabs_top = page.locator(".ts-tabs").first.bounding_box()["y"]
+                    shots.append(page.screenshot(clip={"x": 0, "y": tabs_top, "width": 1600, "height": 900}))
                 second = out.with_name(out.stem + "-analysis.png")
-                page.screenshot(path=str(second))
+                stack(shots, second)
                 browser.close()
             print(f"saved {out} and {second}")
         finally:

@@ -16,3 +16,31 @@ def test_updates_apply_in_order_under_reordered_dispatch(tiny_models, fresh_mode
     for fn in reversed(pending):  # the worst order an event loop could choose
         fn()
     assert seen == [("step", s) for s in range(6)] + [("done", 6)]
+
+
+def test_dispatch_without_a_server_runs_on_the_ui_loop_thread_in_order():
+    """Jupyter: results of a worker thread reach the widgets on the kernel's loop thread, in order."""
+    import asyncio
+    import threading
+
+    from trajscope.ui.views._base import dispatcher
+
+    seen = []
+
+    async def main():
+        dispatch = dispatcher()  # created on the UI (loop) thread, as the views do
+        ui = threading.get_ident()
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def worker():
+            for i in range(20):
+                dispatch(lambda i=i: seen.append((i, threading.get_ident() == ui)))
+            loop.call_soon_threadsafe(done.set)
+
+        threading.Thread(target=worker).start()
+        await done.wait()
+        await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    assert seen == [(i, True) for i in range(20)]

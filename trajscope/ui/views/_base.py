@@ -48,10 +48,17 @@ def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
     """A ``dispatch(fn)`` that runs ``fn`` on the event loop of ``doc`` (the current document by default).
 
     In a served session, ``fn`` is scheduled with ``add_next_tick_callback`` (the Bokeh document
-    lock is held there, so models may change). Without a server session (Jupyter comms, tests)
-    ``fn`` runs at once.
+    lock is held there, so models may change). In Jupyter (comms, no server session) it is queued
+    on the kernel's event loop, the thread the widgets live on, in order; with no running loop
+    (plain scripts, tests) ``fn`` runs at once.
     """
+    import asyncio
+
     doc = doc if doc is not None else pn.state.curdoc
+    try:
+        loop = asyncio.get_running_loop()  # the UI thread's loop, captured when the work is started
+    except RuntimeError:
+        loop = None
 
     def run(fn: Callable[[], None]) -> None:
         with set_curdoc(doc):
@@ -60,6 +67,8 @@ def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
     def dispatch(fn: Callable[[], None]) -> None:
         if doc is not None and doc.session_context is not None:
             doc.add_next_tick_callback(lambda: run(fn))
+        elif loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(run, fn)
         else:
             fn()
 
