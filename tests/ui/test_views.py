@@ -340,3 +340,21 @@ def test_views_build_their_layout_once(short_run):
         app.__panel__()  # a notebook cell shown again, or a second page render
     again = [v.__panel__() for v in (app.controls, app.player, app.tokens, app.telemetry, app.export)]
     assert all(a is b for a, b in zip(first, again)) and n_watchers() == before
+
+
+def test_unexpected_failure_shows_one_sentence_with_the_log_id(sample_model, fresh_models, caplog):
+    import logging
+    import re
+
+    def loader(source, **kw):
+        raise RuntimeError("CUDA out of memory\nsecond line")
+
+    app = TrajScope(max_new_tokens=3, prompt="x = 1")
+    with caplog.at_level(logging.ERROR, logger="trajscope.ui.runner"):
+        wait_job(app.controls.generate(dispatch=lambda fn: fn(), loader=loader))
+    err = app.state.error
+    found = re.search(r"error ([0-9a-f]{8})", err)
+    assert found and err.startswith("Generation failed: RuntimeError: CUDA out of memory") and "\n" not in err
+    record = next(r for r in caplog.records if found.group(1) in r.getMessage())
+    assert record.exc_info is not None  # the full traceback is in the server log
+    assert not app.state.busy

@@ -70,6 +70,13 @@ def get_model(source: str, remote: bool = False, api_key: str | None = None,
         return model
 
 
+def error_id() -> str:
+    """A short id that ties the sentence a browser shows to the server log's traceback."""
+    import uuid
+
+    return uuid.uuid4().hex[:8]
+
+
 def _scrub(message: str, secret: str | None) -> str:
     return message.replace(secret, "***") if secret else message
 
@@ -179,11 +186,17 @@ class GenerationJob:
                      traj.n_steps)
         except TrajscopeError as exc:
             msg = _scrub(str(exc), self._api_key)
+            log.info("generation refused: %s", msg)
             self._flush()
             self._send(lambda: self.on_error(msg))
         except Exception as exc:  # an unexpected failure still leaves the app usable
             first = (str(exc).splitlines() or [""])[0]
-            msg = _scrub(f"Generation failed: {type(exc).__name__}: {first}", self._api_key)
+            err_id = error_id()
+            # the server log keeps the whole traceback under the id the browser shows
+            log.error("generation failed [error %s]: %s", err_id, _scrub(repr(exc), self._api_key),
+                      exc_info=(type(exc), exc, exc.__traceback__) if not self._api_key else None)
+            msg = _scrub(f"Generation failed: {type(exc).__name__}: {first} (error {err_id}; the server log has "
+                         "the details).", self._api_key)
             self._flush()
             self._send(lambda: self.on_error(msg))
         else:
