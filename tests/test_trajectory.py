@@ -81,3 +81,33 @@ def test_unwritable_destination(traj, tmp_path):
     blocker.write_text("x")
     with pytest.raises(ts.TrajscopeError, match="Cannot write the run"):
         traj.save(blocker / "run")
+
+
+def test_a_killed_save_leaves_whole_runs_or_none(tmp_path):
+    """Kill a process while it saves runs, at several points: every run directory left is complete."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from trajscope.model import sample_data_dir
+    from trajscope.ui.saved_runs import list_runs
+
+    demo = sample_data_dir() / "runs" / "demo"
+    script = (f"import trajscope as ts, itertools\nt = ts.Trajectory.load({str(demo)!r})\n"
+              f"print('ready', flush=True)\n"
+              f"for i in itertools.count(): t.save({str(tmp_path)!r} + f'/run{{i % 3}}')\n")
+    rng = random.Random(0)
+    for _ in range(4):
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.05, 0.6))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    runs = [d for d in tmp_path.iterdir() if not d.name.startswith(".")]
+    assert runs, "the saver never finished one run"
+    for d in runs:  # a visible run directory always loads whole
+        t = ts.Trajectory.load(d)
+        assert t.n_steps == ts.Trajectory.load(demo).n_steps and t.residual(3).shape[0] > 0
+    assert len(list_runs(tmp_path)) == len(runs)  # the app lists exactly those (temporary ones are hidden)

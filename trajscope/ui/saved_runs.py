@@ -36,7 +36,8 @@ def save_run(traj: Trajectory, directory: str | os.PathLike | None = None) -> pa
 def list_runs(directory: str | os.PathLike | None = None, limit: int = 50) -> dict[str, str]:
     """``{label: path}`` of the saved runs, newest first (at most ``limit``).
 
-    A label reads ``"<run_id> · <n> steps · <prompt start>"``. Directories without a readable
+    A label reads ``"<directory name> · <n> steps · <prompt start>"`` (the app names a run's directory
+    after its run id). Directories without a readable
     ``meta.json`` are left out (a half-written or foreign directory never breaks the list).
     """
     root = pathlib.Path(directory or runs_dir())
@@ -56,5 +57,5 @@ def list_runs(directory: str | os.PathLike | None = None, limit: int = 50) -> di
     for _, d, m in sorted(found, key=lambda t: t[0], reverse=True)[:limit]:
         prompt = " ".join(str(m.get("prompt", "")).split())[:32]
         steps = m.get("n_steps", m.get("sampling", {}).get("max_new_tokens", "?"))
-        out[f"{m.get('run_id', d.name)} · {steps} steps · {prompt}"] = str(d)
+        out[f"{d.name} · {steps} steps · {prompt}"] = str(d)  # directory names are unique; run ids may repeat
     return out
