@@ -83,3 +83,31 @@ def test_model_cache_evicts_the_least_recently_used(monkeypatch, fresh_models):
     runner.get_model("b", loader=loader)
     assert loads == ["a", "b", "c", "b"] and len(runner._MODELS) == 2
     assert os.environ.get("TRAJSCOPE_MAX_MODELS") == "2"
+
+
+def test_generations_queue_in_order_and_say_their_place(sample_model, fresh_models, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("TRAJSCOPE_MAX_GENERATIONS", "1")
+    operator.configure(None)
+    gate = threading.Event()
+    first, second, third = (TrajScope(max_new_tokens=2, prompt=p) for p in ("a = 1", "b = 2", "c = 3"))
+    j1 = first.controls.generate(dispatch=lambda fn: fn(), loader=lambda *a, **k: (gate.wait(20), sample_model)[1])
+    import time
+
+    time.sleep(0.3)
+    j2 = second.controls.generate(dispatch=lambda fn: fn(), loader=lambda *a, **k: sample_model)
+    j3 = third.controls.generate(dispatch=lambda fn: fn(), loader=lambda *a, **k: sample_model)
+    deadline = time.time() + 10
+    while "2 generations ahead" not in third.controls.ticker.message and time.time() < deadline:
+        time.sleep(0.05)
+    assert "1 generation ahead" in second.controls.ticker.message
+    assert "2 generations ahead" in third.controls.ticker.message
+    third.controls.stop()  # leaves the queue without generating
+    j3.thread.join(10)
+    assert "nothing was generated" in third.state.error and third.state.trajectory is None
+    gate.set()
+    j1.thread.join(30)
+    j2.thread.join(30)
+    assert first.state.trajectory.meta["prompt"] == "a = 1" and second.state.trajectory.meta["prompt"] == "b = 2"
+    assert second.controls.ticker.message == ""  # the waiting note is gone once it runs

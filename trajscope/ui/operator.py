@@ -12,6 +12,7 @@ option                 environment variable         default
 ``--models A,B``       ``TRAJSCOPE_MODELS``         ``sample``
 ``--max-new-tokens N`` ``TRAJSCOPE_MAX_NEW_TOKENS`` 1000
 ``--max-models N``     ``TRAJSCOPE_MAX_MODELS``     2 (loaded models kept, least recently used out)
+``--max-generations``  ``TRAJSCOPE_MAX_GENERATIONS`` 1 (generations at once; the rest queue, in order)
 =====================  ===========================  =========================================
 
 (``TRAJSCOPE_DATA_DIRS`` separates directories with ``os.pathsep``.) Every path
@@ -40,6 +41,7 @@ class ServeConfig:
     models: tuple[str, ...] = ("sample",)
     max_new_tokens: int = 1000
     max_models: int = 2
+    max_generations: int = 1
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None, env: dict | None = None) -> "ServeConfig":
@@ -57,22 +59,25 @@ class ServeConfig:
         ap.add_argument("--models", default=None)
         ap.add_argument("--max-new-tokens", type=int, default=None)
         ap.add_argument("--max-models", type=int, default=None)
+        ap.add_argument("--max-generations", type=int, default=None)
         try:
             args = ap.parse_args(argv or [])
         except SystemExit:
             raise TrajscopeError(f"Unknown server options {argv}; the options are --data-dir, --models, "
-                                 "--max-new-tokens, --max-models.") from None
+                                 "--max-new-tokens, --max-models, --max-generations.") from None
         dirs = args.data_dir or [d for d in env.get("TRAJSCOPE_DATA_DIRS", "").split(os.pathsep) if d]
         dirs = dirs or [str(sample_data_dir()), str(runs_dir())]
         models = args.models or env.get("TRAJSCOPE_MODELS") or "sample"
         try:
             max_new = args.max_new_tokens or int(env.get("TRAJSCOPE_MAX_NEW_TOKENS") or 1000)
             max_models = args.max_models or int(env.get("TRAJSCOPE_MAX_MODELS") or 2)
+            max_gen = args.max_generations or int(env.get("TRAJSCOPE_MAX_GENERATIONS") or 1)
         except ValueError:
-            raise TrajscopeError("TRAJSCOPE_MAX_NEW_TOKENS and TRAJSCOPE_MAX_MODELS must be whole numbers.") from None
+            raise TrajscopeError("TRAJSCOPE_MAX_NEW_TOKENS, TRAJSCOPE_MAX_MODELS and TRAJSCOPE_MAX_GENERATIONS must be "
+                                 "whole numbers.") from None
         return cls(data_dirs=tuple(pathlib.Path(d).expanduser().resolve() for d in dirs),
                    models=tuple(m.strip() for m in models.split(",") if m.strip()),
-                   max_new_tokens=max(1, max_new), max_models=max(1, max_models))
+                   max_new_tokens=max(1, max_new), max_models=max(1, max_models), max_generations=max(1, max_gen))
 
     def path(self, text: str, what: str) -> pathlib.Path:
         """``text`` resolved (symlinks, ``..``) if it lies inside a data directory.

@@ -70,6 +70,57 @@ def get_model(source: str, remote: bool = False, api_key: str | None = None,
         return model
 
 
+class GenerationQueue:
+    """First come, first served slots for generations across every session of the process.
+
+    At most ``slots()`` generations run at once (the operator's ``max_generations``); the others wait
+    in arrival order and are told their place. A waiting job that is cancelled leaves the queue.
+    """
+
+    def __init__(self, slots: Callable[[], int]):
+        self.slots = slots
+        self._cond = threading.Condition()
+        self._line: list[object] = []  # running (first ``slots()``) then waiting, in arrival order
+
+    def wait_turn(self, ticket: object, on_wait: Callable[[int], None], cancel: threading.Event) -> bool:
+        """Join the line and block until ``ticket`` may run; ``on_wait(n_ahead)`` when the place changes.
+
+        Returns:
+            True when it is the ticket's turn (call :meth:`leave` when done); False if cancelled first.
+        """
+        with self._cond:
+            self._line.append(ticket)
+            told = None
+            while True:
+                place = self._line.index(ticket)
+                if place < self.slots():
+                    return True
+                if cancel.is_set():
+                    self._line.remove(ticket)
+                    self._cond.notify_all()
+                    return False
+                ahead = place - self.slots() + 1
+                if ahead != told:
+                    told = ahead
+                    on_wait(ahead)
+                self._cond.wait(0.2)
+
+    def leave(self, ticket: object) -> None:
+        with self._cond:
+            if ticket in self._line:
+                self._line.remove(ticket)
+            self._cond.notify_all()
+
+
+def _slots() -> int:
+    from trajscope.ui.operator import config
+
+    return config().max_generations
+
+
+QUEUE = GenerationQueue(_slots)
+
+
 def error_id() -> str:
     """A short id that ties the sentence a browser shows to the server log's traceback."""
     import uuid
@@ -100,14 +151,16 @@ class GenerationJob:
         on_done: ``(traj)`` with the finished (or cancelled) run, after the last ``on_progress``.
         on_error: ``(message: str)`` one sentence; the API key is scrubbed from it.
         on_partial: ``(traj)`` with the steps so far (optional).
+        on_wait: ``(n_ahead)`` while the job waits in :data:`QUEUE` for a free generation slot (optional).
     """
 
     def __init__(self, source: str, prompt: str, plan: Any, dispatch: Callable[[Callable[[], None]], None],
                  on_progress: Callable[[list], None], on_done: Callable[[Any], None], on_error: Callable[[str], None],
                  remote: bool = False, api_key: str | None = None, flush_every_s: float = 0.2,
                  on_partial: Callable[[Any], None] | None = None, partial_every_s: float = 2.0,
-                 loader: Callable | None = None):
+                 loader: Callable | None = None, on_wait: Callable[[int], None] | None = None):
         self.source, self.prompt, self.plan = source, prompt, plan
+        self.on_wait = on_wait
         self.remote, self._api_key = remote, api_key
         self.dispatch = dispatch
         self.on_progress, self.on_partial, self.on_done, self.on_error = on_progress, on_partial, on_done, on_error
@@ -175,6 +228,19 @@ class GenerationJob:
         return plan.for_model(model.n_layers) if hasattr(plan, "for_model") else plan
 
     def _run(self) -> None:
+        def waiting(n_ahead: int) -> None:
+            if self.on_wait is not None:
+                self._send(lambda: self.on_wait(n_ahead))
+
+        if not QUEUE.wait_turn(self, waiting, self.cancel):
+            self._send(lambda: self.on_error("Stopped while waiting for a free generation slot; nothing was generated."))
+            return
+        try:
+            self._generate()
+        finally:
+            QUEUE.leave(self)
+
+    def _generate(self) -> None:
         try:
             t0 = time.monotonic()
             model = get_model(self.source, self.remote, self._api_key, loader=self.loader)

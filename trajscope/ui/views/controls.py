@@ -77,7 +77,8 @@ class Controls(StateView):
             fn()
         self.job = GenerationJob(
             source, st.prompt, plan, dispatch or dispatcher(), remote=remote, api_key=st.ndif_api_key or None,
-            on_progress=self._on_progress, on_done=self._on_done, on_error=self._on_error, loader=loader)
+            on_progress=self._on_progress, on_done=self._on_done, on_error=self._on_error, loader=loader,
+            on_wait=self._on_wait)
         return self.job.start()
 
     def warm_up(self) -> None:
@@ -107,12 +108,18 @@ class Controls(StateView):
             self.job.stop()
             self.ticker.message = "Stopping after the current step…"
 
+    def _on_wait(self, n_ahead: int) -> None:
+        self.ticker.message = (f"Waiting for a free generation slot: {n_ahead} generation{'s' if n_ahead > 1 else ''} "
+                               "ahead of yours (Stop leaves the queue).")
+
     def _on_progress(self, events) -> None:
         # only the ticker shows these while streaming: a Markdown / HTML pane change re-lays the page out
         st, last = self.state, events[-1]
         text = (st.live_text + "".join(e.text for e in events))[-2000:]
         st.param.update(progress=last.step + 1, live_text=text)
-        self.ticker.param.update(step=last.step, max_steps=last.max_steps, text=visible(text[-400:]))
+        stopping = self.job is not None and self.job.cancel.is_set()
+        self.ticker.param.update(step=last.step, max_steps=last.max_steps, text=visible(text[-400:]),
+                                 message=self.ticker.message if stopping else "")  # no longer waiting
         for fn in self.listeners:
             fn(events)
 
