@@ -40,7 +40,7 @@ def serve(page, **kwargs) -> list[TrajScope]:
 
     def make():
         tpl = default_page(**kwargs)
-        apps.append(tpl._trajscope)
+        apps.append(getattr(tpl, "_trajscope", None))  # None: the server-full page
         return tpl
 
     serve_component(page, make)
@@ -180,3 +180,17 @@ def test_paths_outside_the_data_directories_are_refused(page, short_run_dir):
         assert app.state.trajectory.run_id == shown  # nothing was read; the run on screen stays
         app.state.error = ""
         wait_until(lambda: "outside" not in text(page, ".ts-error"), page, timeout=TIMEOUT)
+
+
+def test_a_full_server_says_so(page, short_run_dir, monkeypatch, browser):
+    from trajscope.ui import operator
+
+    monkeypatch.setenv("TRAJSCOPE_MAX_SESSIONS", "1")
+    operator.configure(None)
+    apps = serve(page, run_dir=short_run_dir)
+    wait_until(lambda: len(apps) == 1, page, timeout=TIMEOUT)
+    second = browser.new_page()
+    second.goto(page.url)
+    second.get_by_text("This trajscope server is full").wait_for(timeout=TIMEOUT)
+    assert apps[1:] == [None] and operator.SESSIONS.open == 1  # no second app was built
+    second.close()

@@ -111,3 +111,12 @@ def test_generations_queue_in_order_and_say_their_place(sample_model, fresh_mode
     j2.thread.join(30)
     assert first.state.trajectory.meta["prompt"] == "a = 1" and second.state.trajectory.meta["prompt"] == "b = 2"
     assert second.controls.ticker.message == ""  # the waiting note is gone once it runs
+
+
+def test_session_limit(monkeypatch):
+    monkeypatch.setenv("TRAJSCOPE_MAX_SESSIONS", "2")
+    operator.configure(None)
+    count = operator.SessionCount()
+    assert count.enter() and count.enter() and not count.enter() and count.open == 2
+    count.leave()
+    assert count.enter() and count.open == 2

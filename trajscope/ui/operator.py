@@ -13,6 +13,7 @@ option                 environment variable         default
 ``--max-new-tokens N`` ``TRAJSCOPE_MAX_NEW_TOKENS`` 1000
 ``--max-models N``     ``TRAJSCOPE_MAX_MODELS``     2 (loaded models kept, least recently used out)
 ``--max-generations``  ``TRAJSCOPE_MAX_GENERATIONS`` 1 (generations at once; the rest queue, in order)
+``--max-sessions N``   ``TRAJSCOPE_MAX_SESSIONS``   20 (open pages; more get a "server is full" page)
 =====================  ===========================  =========================================
 
 (``TRAJSCOPE_DATA_DIRS`` separates directories with ``os.pathsep``.) Every path
@@ -29,6 +30,7 @@ import argparse
 import dataclasses
 import os
 import pathlib
+import threading
 
 from trajscope.errors import TrajscopeError
 
@@ -42,6 +44,7 @@ class ServeConfig:
     max_new_tokens: int = 1000
     max_models: int = 2
     max_generations: int = 1
+    max_sessions: int = 20
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None, env: dict | None = None) -> "ServeConfig":
@@ -60,11 +63,12 @@ class ServeConfig:
         ap.add_argument("--max-new-tokens", type=int, default=None)
         ap.add_argument("--max-models", type=int, default=None)
         ap.add_argument("--max-generations", type=int, default=None)
+        ap.add_argument("--max-sessions", type=int, default=None)
         try:
             args = ap.parse_args(argv or [])
         except SystemExit:
             raise TrajscopeError(f"Unknown server options {argv}; the options are --data-dir, --models, "
-                                 "--max-new-tokens, --max-models, --max-generations.") from None
+                                 "--max-new-tokens, --max-models, --max-generations, --max-sessions.") from None
         dirs = args.data_dir or [d for d in env.get("TRAJSCOPE_DATA_DIRS", "").split(os.pathsep) if d]
         dirs = dirs or [str(sample_data_dir()), str(runs_dir())]
         models = args.models or env.get("TRAJSCOPE_MODELS") or "sample"
@@ -72,12 +76,14 @@ class ServeConfig:
             max_new = args.max_new_tokens or int(env.get("TRAJSCOPE_MAX_NEW_TOKENS") or 1000)
             max_models = args.max_models or int(env.get("TRAJSCOPE_MAX_MODELS") or 2)
             max_gen = args.max_generations or int(env.get("TRAJSCOPE_MAX_GENERATIONS") or 1)
+            max_sessions = args.max_sessions or int(env.get("TRAJSCOPE_MAX_SESSIONS") or 20)
         except ValueError:
             raise TrajscopeError("TRAJSCOPE_MAX_NEW_TOKENS, TRAJSCOPE_MAX_MODELS and TRAJSCOPE_MAX_GENERATIONS must be "
                                  "whole numbers.") from None
         return cls(data_dirs=tuple(pathlib.Path(d).expanduser().resolve() for d in dirs),
                    models=tuple(m.strip() for m in models.split(",") if m.strip()),
-                   max_new_tokens=max(1, max_new), max_models=max(1, max_models), max_generations=max(1, max_gen))
+                   max_new_tokens=max(1, max_new), max_models=max(1, max_models), max_generations=max(1, max_gen),
+                   max_sessions=max(1, max_sessions))
 
     def path(self, text: str, what: str) -> pathlib.Path:
         """``text`` resolved (symlinks, ``..``) if it lies inside a data directory.
@@ -118,6 +124,30 @@ class ServeConfig:
         return n
 
 
+class SessionCount:
+    """Open sessions of this process, against the operator's ``max_sessions``."""
+
+    def __init__(self):
+        self._n, self._lock = 0, threading.Lock()
+
+    @property
+    def open(self) -> int:
+        return self._n
+
+    def enter(self) -> bool:
+        """Count a new session if there is room; False when the server is full."""
+        with self._lock:
+            if self._n >= config().max_sessions:
+                return False
+            self._n += 1
+            return True
+
+    def leave(self) -> None:
+        with self._lock:
+            self._n = max(0, self._n - 1)
+
+
+SESSIONS = SessionCount()
 _CONFIG: ServeConfig | None = None
 
 

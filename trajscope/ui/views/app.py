@@ -86,6 +86,13 @@ class TrajScope(StateView):
         self.controls.listeners.append(self.live.append)
         self._started = False
 
+    def release(self) -> None:
+        """Free what this session holds (its browser has gone): stop its generation, drop its runs."""
+        if self.controls.job is not None:
+            self.controls.job.stop()
+        self.steering.settings.clear()
+        self.state.trajectory = None
+
     def _autostart(self) -> None:
         self.controls.warm_up()
         if self.autostart and not self._started and self.state.trajectory is None:
@@ -151,11 +158,20 @@ def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample"
     page captures a short run of the demo prompt as soon as it is shown.
     """
     from trajscope.model import sample_data_dir
+    from trajscope.ui import operator
 
+    if not operator.SESSIONS.enter():  # the operator's limit on concurrent sessions
+        return pn.template.FastListTemplate(title=TITLE, main=[pn.pane.Alert(
+            f"This trajscope server is full ({operator.config().max_sessions} sessions are open). Try again in a "
+            "minute, or ask its operator to raise --max-sessions.", alert_type="warning")], busy_indicator=None)
     run_dir = pathlib.Path(run_dir) if run_dir else sample_data_dir() / "runs" / "demo"
     has_run = (run_dir / "meta.json").exists()
     settings = {"max_new_tokens": 64 if has_run else 24, "autostart": not has_run, **params}
     app = TrajScope(model=model, trajectory=run_dir if has_run else None, **settings)
     if has_run:
         app.state.run_path = str(run_dir)
+    if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
+        pn.state.on_session_destroyed(lambda ctx: (app.release(), operator.SESSIONS.leave()))
+    else:
+        operator.SESSIONS.leave()  # not a served session (a test or a script building the page): not counted
     return app.template()
