@@ -1,0 +1,69 @@
+"""Two browser sessions of one served app generate at once; neither sees the other's prompt or tokens."""
+
+from __future__ import annotations
+
+import panel as pn
+import pytest
+
+from trajscope.ui.views.app import default_page
+
+pytestmark = pytest.mark.ui
+pw = pytest.importorskip("playwright.sync_api")
+from panel.tests.util import serve_component, wait_until  # noqa: E402
+
+TIMEOUT = 120_000
+STRIP = """() => Bokeh.documents.flatMap(d => [...d.all_models]).filter(m => m.data && m.data.token)
+    .map(m => m.data.token.join(''))"""
+
+
+@pytest.fixture(autouse=True)
+def _servers():
+    yield
+    pn.state.kill_all_servers()
+
+
+def test_two_sessions_generating_at_once_keep_their_own_state(page, browser, sample_model, fresh_models,
+                                                             monkeypatch):
+    from trajscope.ui import operator, runner
+
+    monkeypatch.setenv("TRAJSCOPE_MAX_GENERATIONS", "2")
+    operator.configure(None)
+    runner._MODELS[("sample", False, None)] = sample_model
+    apps = []
+
+    def make():
+        tpl = default_page()
+        apps.append(tpl._trajscope)
+        return tpl
+
+    serve_component(page, make)
+    other = browser.new_page()
+    other.goto(page.url)
+    wait_until(lambda: len(apps) == 2, page, timeout=TIMEOUT)
+    pages = [page, other]
+    prompts = ["class Queue:", "import math"]
+    for p, prompt in zip(pages, prompts):
+        p.locator(".ts-generate").wait_for(timeout=TIMEOUT)
+        area = p.locator(".ts-prompt textarea")
+        area.fill(prompt)
+        area.press("Tab")
+        box = p.get_by_label("Max new tokens", exact=True)
+        box.fill("40")
+        box.press("Enter")
+    wait_until(lambda: sorted(a.state.prompt for a in apps) == sorted(prompts), page, timeout=TIMEOUT)
+    for p in pages:
+        p.locator(".ts-generate button").click()
+    wait_until(lambda: all(a.state.trajectory.meta["prompt"] in prompts and not a.state.busy for a in apps),
+               page, timeout=TIMEOUT)
+    by_prompt = {a.state.prompt: a for a in apps}
+    for p, prompt in zip(pages, prompts):
+        app = by_prompt[prompt]
+        traj = app.state.trajectory
+        assert traj.meta["prompt"] == prompt and traj.n_steps == 40
+        text = "".join(traj.tokens["text"].to_list())
+        wait_until(lambda: any(prompt.replace(" ", "") in s.replace("·", "") for s in p.evaluate(STRIP)), p,
+                   timeout=TIMEOUT)
+        other_prompt = next(q for q in prompts if q != prompt)
+        assert not any(other_prompt.replace(" ", "") in s.replace("·", "") for s in p.evaluate(STRIP))
+        assert text.startswith(prompt)
+    other.close()
