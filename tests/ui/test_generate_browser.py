@@ -120,3 +120,37 @@ def test_no_long_task_while_streaming(app_page):
     tasks = [(round(s - t_click), round(d)) for s, d in page.evaluate("() => window.__lt") if t_click <= s <= t_end]
     assert all(d <= 200 for _, d in tasks), tasks
     assert len(ticks) >= 3, f"the ticker showed too few intermediate steps: {sorted(ticks)}"
+
+
+READOUT_MS = """async (before) => {
+  const el = () => { const e = document.querySelector('.ts-step-readout'); return e ? (e.shadowRoot || e).textContent : ''; };
+  const deep = () => { let out = ''; const walk = r => r.querySelectorAll('*').forEach(e => {
+      if (e.classList && e.classList.contains('ts-step-readout')) out = (e.shadowRoot || e).textContent;
+      if (e.shadowRoot) walk(e.shadowRoot); }); walk(document); return out; };
+  const t0 = window.__key;
+  while (deep() === before) { await new Promise(r => requestAnimationFrame(r)); if (performance.now() - t0 > 5000) return -1; }
+  return performance.now() - t0;
+}"""
+
+
+def test_step_changes_stay_responsive_during_a_long_generation(app_page):
+    """A 1,000-step generation runs while the user steps through the run on screen."""
+    page, app = app_page
+    page.evaluate("() => document.addEventListener('keydown', () => { window.__key = performance.now(); }, true)")
+    generate(page, app, 1000)
+    wait_until(lambda: app.controls.job is not None and app.controls.job.steps_done >= 5, page, timeout=TIMEOUT)
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")
+    times = []
+    for i in range(24):
+        if not app.state.busy:
+            break
+        before = page.locator(".ts-step-readout").first.evaluate("el => (el.shadowRoot || el).textContent")
+        page.keyboard.press("ArrowLeft" if app.state.step > 0 else "ArrowRight")
+        times.append(page.evaluate(READOUT_MS, before))
+    app.controls.stop()
+    wait_until(lambda: not app.state.busy, page, timeout=TIMEOUT)
+    assert len(times) >= 10, f"the generation ended before enough key presses: {times}"
+    times.sort()
+    p95 = times[int(0.95 * (len(times) - 1))]
+    print(f"keypress to readout while generating: p50 {times[len(times) // 2]:.0f} ms, p95 {p95:.0f} ms")
+    assert min(times) >= 0 and p95 <= 250, f"keypress to readout (ms) while generating: {times}"
