@@ -194,3 +194,25 @@ def test_a_full_server_says_so(page, short_run_dir, monkeypatch, browser):
     second.get_by_text("This trajscope server is full").wait_for(timeout=TIMEOUT)
     assert apps[1:] == [None] and operator.SESSIONS.open == 1  # no second app was built
     second.close()
+
+
+def test_clicking_a_token_or_a_curve_in_the_browser_moves_the_step(page, short_run_dir):
+    """Clicks must reach the server from the real page (a Tap on a DynamicMap of overlays once never fired)."""
+    apps = serve(page, run_dir=short_run_dir)
+    app = apps[0]
+    wait_until(lambda: page.locator(".ts-token-strip canvas").count() >= 1, page, timeout=TIMEOUT)
+    app.state.go(9)
+    wait_until(lambda: "Step 9 / 11" in readout(page), page, timeout=TIMEOUT)
+    taps = []
+    app.tokens.tap.add_subscriber(lambda **kw: taps.append(kw))
+    strip = page.locator(".ts-token-strip canvas").first
+    strip.scroll_into_view_if_needed()
+    b = strip.bounding_box()
+    page.mouse.click(b["x"] + 24, b["y"] + 50)  # the first prompt token ("def"): read at step 0
+    wait_until(lambda: bool(taps) and app.state.step == 0, page, timeout=TIMEOUT)
+    wait_until(lambda: "Step 0 / 11" in readout(page), page, timeout=TIMEOUT)
+    curves = page.locator(".bk-panel-models-holoviews-HoloViews canvas, .ts-tabs canvas").first
+    curves.scroll_into_view_if_needed()
+    c = curves.bounding_box()
+    page.mouse.click(c["x"] + 0.5 * c["width"], c["y"] + 0.5 * c["height"])
+    wait_until(lambda: app.state.step > 0, page, timeout=TIMEOUT)  # somewhere mid-run on the telemetry plot

@@ -41,10 +41,25 @@ class TelemetryView(StateView):
         c.step = self.state.step
         return base.opts(hooks=[c.hook])
 
-    def _tap(self, name: str, element) -> None:
-        tap = hv.streams.Tap(source=element)
+    def _tap(self, name: str):
+        """A click stream for plot ``name`` that jumps to the clicked step (given to its DynamicMap: HoloViews
+        does not link a Tap whose source is a DynamicMap of overlays)."""
+        tap = hv.streams.Tap(transient=True)
         tap.add_subscriber(lambda x=None, **_: None if x is None else self.state.go(int(round(x))))
         self.taps[name] = tap
+        return tap
+
+    @staticmethod
+    def _cached(build):
+        """``build`` for a DynamicMap that also gets a Tap: a click re-sends the last element, no rebuild."""
+        last = {}
+
+        def fn(x=None, y=None, **kw):
+            key = tuple(sorted(kw.items()))
+            if last.get("key") != key:
+                last.update(key=key, element=build(**kw))
+            return last["element"]
+        return fn
 
     def attention_curves(self, revision: int, layer: int, head: int, average: bool):
         """Telemetry curves of the selection (same elements with or without a run: the plot is updated in place)."""
@@ -70,11 +85,11 @@ class TelemetryView(StateView):
         st = self.state
         avg = pn.widgets.Checkbox.from_param(st.param.telemetry_average, name="Average over all layers and heads")
         # DynamicMaps: a new run or selection updates the same Bokeh figures (data and title), none is rebuilt
-        dm_a = hv.DynamicMap(self.attention_curves, streams=[hv.streams.Params(
-            st, ["revision", "layer", "head", "telemetry_average"], rename={"telemetry_average": "average"})])
-        dm_t = hv.DynamicMap(self.token_curves, streams=[hv.streams.Params(st, ["revision"])])
-        self._tap("attention", dm_a)
-        self._tap("tokens", dm_t)
+        dm_a = hv.DynamicMap(self._cached(self.attention_curves), streams=[hv.streams.Params(
+            st, ["revision", "layer", "head", "telemetry_average"], rename={"telemetry_average": "average"}),
+            self._tap("attention")])
+        dm_t = hv.DynamicMap(self._cached(self.token_curves), streams=[hv.streams.Params(st, ["revision"]),
+                                                                       self._tap("tokens")])
         a = pn.pane.HoloViews(dm_a, sizing_mode="stretch_width", linked_axes=False)
         t = pn.pane.HoloViews(dm_t, sizing_mode="stretch_width", linked_axes=False)
         self._panes += [a, t]

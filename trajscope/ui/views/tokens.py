@@ -68,11 +68,20 @@ class TokenStrip(StateView):
         st = self.state
         metric = pn.widgets.Select.from_param(st.param.token_metric, name="Colour tokens by", width=240)
         # a DynamicMap: a new run or colouring updates the same figure in place
-        dm = hv.DynamicMap(lambda revision, metric, layer, token_extra: self.build(revision, metric, layer),
-                           streams=[hv.streams.Params(st, ["revision", "token_metric", "layer", "token_extra"],
-                                                      rename={"token_metric": "metric"})])
-        self.tap = hv.streams.Tap(source=dm)
+        # the Tap is one of the DynamicMap's streams (HoloViews does not link a Tap whose source is a
+        # DynamicMap of overlays); a click re-sends the cached strip, so it costs no rebuild
+        self.tap = hv.streams.Tap(transient=True)
         self.tap.add_subscriber(self._on_tap)
+        built = {}
+
+        def strip(revision, metric, layer, token_extra, x=None, y=None):
+            key = (revision, metric, layer, id(token_extra))
+            if built.get("key") != key:
+                built.update(key=key, element=self.build(revision, metric, layer))
+            return built["element"]
+
+        dm = hv.DynamicMap(strip, streams=[hv.streams.Params(st, ["revision", "token_metric", "layer", "token_extra"],
+                                                             rename={"token_metric": "metric"}), self.tap])
         pane = pn.pane.HoloViews(dm, sizing_mode="stretch_width", linked_axes=False, css_classes=["ts-token-strip"])
         self._panes.append(pane)
         note = pn.pane.Markdown(
