@@ -27,6 +27,10 @@ def test_dispatch_without_a_server_runs_on_the_ui_loop_thread_in_order():
 
     seen = []
 
+    import trajscope.ui.views._base as base
+
+    base_in_kernel, base._in_kernel = base._in_kernel, lambda: True  # as in a Jupyter kernel
+
     async def main():
         dispatch = dispatcher()  # created on the UI (loop) thread, as the views do
         ui = threading.get_ident()
@@ -42,5 +46,10 @@ def test_dispatch_without_a_server_runs_on_the_ui_loop_thread_in_order():
         await done.wait()
         await asyncio.sleep(0.05)
 
-    asyncio.run(main())
+    try:  # on a thread of its own: the browser tests' Playwright may hold this thread's loop
+        ui_thread = threading.Thread(target=lambda: asyncio.run(main()))
+        ui_thread.start()
+        ui_thread.join(30)
+    finally:
+        base._in_kernel = base_in_kernel
     assert seen == [(i, True) for i in range(20)]

@@ -259,6 +259,7 @@ def test_default_page_opens_a_run_or_captures_one(sample_model, short_run_dir, f
     app._autostart()
     first = app.controls.job
     wait_job(first)
+    assert app.state.trajectory is not None, (app.state.error, app.controls.ticker.message, runner.QUEUE._line)
     assert app.state.trajectory.n_steps == 3 and app.state.trajectory.meta["prompt"] == app.state.prompt
     app._autostart()
     assert app.controls.job is first  # only once per session

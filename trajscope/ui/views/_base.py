@@ -44,6 +44,15 @@ class StateView(pn.viewable.Viewer):
         super().__init__(**params)
 
 
+def _in_kernel() -> bool:
+    """Running inside a Jupyter kernel (whose event loop delivers the widgets' comm messages)."""
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
 def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
     """A ``dispatch(fn)`` that runs ``fn`` on the event loop of ``doc`` (the current document by default).
 
@@ -55,10 +64,12 @@ def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
     import asyncio
 
     doc = doc if doc is not None else pn.state.curdoc
-    try:
-        loop = asyncio.get_running_loop()  # the UI thread's loop, captured when the work is started
-    except RuntimeError:
-        loop = None
+    loop = None
+    if _in_kernel():
+        try:
+            loop = asyncio.get_running_loop()  # the kernel's loop (the widgets' thread), captured at the start
+        except RuntimeError:
+            loop = None
 
     def run(fn: Callable[[], None]) -> None:
         with set_curdoc(doc):
