@@ -16,7 +16,9 @@ sections present depend on what the runs contain:
   score and flagged fraction by layer × decode-depth band;
 - **Steering**: each steered run's settings, and its next-token entropy and
   logprob by step with the onset marked;
-- **SAE features**: active features (L0) per step, when an SAE was attached.
+- **SAE features**: active features (L0) per step, when an SAE was attached;
+- **KV-cache eviction**: when run directories hold an eviction study
+  (:mod:`trajscope.report_eviction`, written by ``trajscope eviction --runs``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.metrics.attention import TELEMETRY_FIELDS, step_telemetry
 from trajscope.metrics.next_token import step_outputs
 from trajscope.metrics.position_zscore import position_zscore
+from trajscope.report_eviction import NOTE as EVICTION_NOTE, eviction_figures, eviction_html, eviction_tables
 from trajscope.trajectory import Trajectory, parquet_metadata
 
 MAX_ALIGNED_STEPS = 300
@@ -183,6 +186,7 @@ class Comparison:
                 out["drift_by_depth"] = profile_drift_by_group(scored, self.profile, by="depth_band")
         if any(t.meta.get("steering") for t in self.runs):
             out["steering_by_step"] = steering_by_step(self.runs)
+        out.update(eviction_tables(self.runs, self.paths))
         return out
 
     def _aligned_html(self, aligned: pl.DataFrame) -> str:
@@ -223,6 +227,7 @@ class Comparison:
             l0 = f.group_by("run_id", "pos").len().rename({"len": "active"})
             plots.append(("sae", _curves(l0, "active", "Active SAE features kept per position", "count", order,
                                          x="pos", xlabel="position")))
+        plots.extend(("eviction", p) for p in eviction_figures(tables))
         return plots
 
     def save(self, path: str | os.PathLike) -> pathlib.Path:
@@ -246,10 +251,11 @@ class Comparison:
         for (section, _), div in zip(plots, divs):
             by_section.setdefault(section, []).append(div)
         titles = {"attention": "Attention telemetry", "residual": "Residual statistics versus prefill",
-                  "steering": "Steering", "sae": "SAE features", "drift": "Drift versus the prefill profile"}
+                  "steering": "Steering", "sae": "SAE features", "drift": "Drift versus the prefill profile",
+                  "eviction": "KV-cache eviction"}
         notes = {"attention": "Per step, at the step's query (the last prompt position for step 0).",
                  "residual": "Decode steps only, at each step's query; 0 means 'as during this run's prefill'.",
-                 "steering": "", "sae": "",
+                 "steering": "", "sae": "", "eviction": EVICTION_NOTE,
                  "drift": ("Diagonal Mahalanobis distance to the prefill profile ÷ √d (≈ 1 in distribution), and the "
                            "share of positions above each layer's threshold (calibrated on held-out prefill to the "
                            "profile's false-positive rate), by layer and decode-depth band, over all runs.")}
@@ -258,9 +264,11 @@ class Comparison:
                 + (f" — the first {MAX_ALIGNED_RUNS} of {len(self.runs)} runs" if len(self.runs) > MAX_ALIGNED_RUNS else "")
                 + "</h3>",
                 self._aligned_html(tables["tokens_aligned"])]
-        for key in ("attention", "residual", "drift", "steering", "sae"):
+        extra = {"eviction": eviction_html(tables)}
+        for key in ("attention", "residual", "drift", "steering", "sae", "eviction"):
             if key in by_section:
-                body.append(f"<h2>{titles[key]}</h2><p class='note'>{notes[key]}</p>" + "".join(by_section[key]))
+                body.append(f"<h2>{titles[key]}</h2><p class='note'>{notes[key]}</p>" + extra.get(key, "")
+                            + "".join(by_section[key]))
         if self.skipped:
             body.append("<h2>Runs left out</h2><ul>" + "".join(
                 f"<li><code>{html.escape(p)}</code>: {html.escape(r)}</li>" for p, r in self.skipped) + "</ul>")

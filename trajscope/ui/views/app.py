@@ -25,6 +25,7 @@ from trajscope.ui.views._base import StateView
 from trajscope.ui.views.analysis import DriftView, SteeringView
 from trajscope.ui.views.attention import AttentionView
 from trajscope.ui.views.controls import Controls
+from trajscope.ui.views.eviction import EvictionView
 from trajscope.ui.views.export import ExportView
 from trajscope.ui.views.features import FeaturesView
 from trajscope.ui.views.live import LiveView
@@ -81,6 +82,7 @@ class TrajScope(StateView):
         self.features = FeaturesView(state=self.state)
         self.drift = DriftView(state=self.state)
         self.steering = SteeringView(state=self.state)
+        self.eviction = EvictionView(state=self.state)
         self.live = LiveView(state=self.state)
         self.controls.on_start.append(self.live.reset)
         self.controls.listeners.append(self.live.append)
@@ -116,6 +118,7 @@ class TrajScope(StateView):
             ("SAE features", self.features),
             ("Drift", self.drift),
             ("Steering", self.steering),
+            ("Eviction", self.eviction),
             ("Export", self.export),
             dynamic=True, sizing_mode="stretch_width", css_classes=["ts-tabs"])
         self.tabs = tabs

@@ -1,0 +1,97 @@
+"""The Eviction card without a browser: settings checks, the study on the run's prompt, plots, cursors."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from bokeh.document import Document
+
+from trajscope.studies.eviction import eviction
+from trajscope.ui import eviction_plots as ep
+from trajscope.ui.eviction_state import EvictionSettings, budget_error
+from trajscope.ui.state import AppState
+from trajscope.ui.views.eviction import EvictionView
+
+
+@pytest.fixture
+def view(short_run, sample_model):
+    state = AppState()
+    state.set_trajectory(short_run, step=0)
+    v = EvictionView(state=state, model_loader=lambda source: sample_model)
+    v.__panel__().get_root(Document())
+    return v
+
+
+@pytest.mark.parametrize("bad", [0, -0.2, 1.5, float("nan"), "abc"])
+def test_bad_budget_gives_one_clear_message(bad):
+    assert budget_error(bad).startswith("Budget must be a fraction of the prompt in (0, 1]")
+    assert budget_error(0.2) is None and budget_error(1) is None
+
+
+def test_bad_settings_stop_before_any_work(view, short_run):
+    s = view.settings
+    s.budget = 1.5
+    assert s.status.startswith("Budget must be a fraction") and "1.5" in s.status
+    view.run()
+    assert s.result is None and not s.busy and s.status.count("Budget must") == 1
+    s.budget = 0.5
+    assert s.status == ""  # the message goes once the input is fixed
+    s.window = short_run.prompt_len + 1
+    assert f"longer than this run's prompt ({short_run.prompt_len} tokens)" in s.status
+    s.policy = "streamingllm"  # no window: nothing to complain about
+    assert EvictionSettings(policy="streamingllm", window=999).check(short_run.prompt_len) is None
+
+
+def test_card_result_matches_the_study_and_plots_carry_it(view, short_run, sample_model):
+    s = view.settings
+    s.param.update(policy="h2o", budget=0.5, window=3)
+    view.run()
+    res = s.result
+    assert res is not None, s.status
+    P = short_run.prompt_len
+    n_new = len(short_run.token_ids) - P
+    ref = eviction(sample_model, [{"prompt": short_run.token_ids[:P], "id": short_run.run_id}], policies=["h2o"],
+                   budgets=[0.5], max_new_tokens=n_new, window=3)
+    assert res.kept["kept_pos"].to_list() == ref.kept["kept_pos"].to_list()
+    np.testing.assert_allclose(res.steps["recall_at_k"].to_numpy(), ref.steps["recall_at_k"].to_numpy())
+    np.testing.assert_allclose(res.rerun["kl_to_full"].to_numpy(), ref.rerun["kl_to_full"].to_numpy(), atol=1e-6)
+    # heatmap: one cell per layer × head × prompt position, kept as the table says
+    cells = ep.kept_heatmap(res, short_run.tokens, P)
+    assert len(cells) == res.kept.height * P
+    kept_cells = sum(k == "kept" for k in cells.dimension_values("key"))
+    assert kept_cells == res.kept["kept_pos"].list.len().sum()
+    assert "token" in [d.name for d in cells.vdims]
+    # step curves: mean over layers and heads, x = decode steps 1..n
+    costs = ep.step_costs_plot(res, short_run.tokens, P)
+    rec = costs.get(0)
+    want = res.steps.group_by("step").agg(pl.col("recall_at_k").mean()).sort("step")
+    assert rec.dimension_values("step").tolist() == want["step"].to_list() and want["step"][0] == 1
+    np.testing.assert_allclose(rec.dimension_values("recall"), want["recall_at_k"].to_numpy(), rtol=1e-6)
+    assert rec.dimension_values("token")[0] == ep.visible(short_run.tokens.sort("pos")["text"][P])  # step 1's query
+    assert costs.opts.get().kwargs["xlabel"] == "step (decode)"
+    kl = ep.rerun_plot(res, short_run.tokens, P).get(0)
+    np.testing.assert_allclose(kl.dimension_values("kl_to_full"), res.rerun.filter(pl.col("step") >= 1)["kl_to_full"])
+    assert "h2o, budget 0.5" in s.summary and "recall@8" in s.summary and "no prompt-clustered interval" in s.summary
+
+
+def test_cursor_follows_the_step_and_a_new_run_clears(view, short_run):
+    view.settings.param.update(policy="streamingllm", budget=0.6)
+    view.run()
+    assert view.settings.result is not None, view.settings.status
+    view._plots(view.settings.result).get_root(Document())  # draw the plots: the cursors join their figures
+    assert set(view.cursors) == {"costs", "rerun"}
+    view.state.step = 7
+    assert {a[0].location for c in view.cursors.values() for a in c.annotations} == {7.0}
+    view.state.set_trajectory(short_run)
+    assert view.settings.result is None and view.settings.summary == ""
+
+
+def test_app_has_the_eviction_tab_before_export(short_run):
+    from trajscope.ui.views.app import TrajScope
+
+    app = TrajScope(trajectory=short_run)
+    app.main()
+    names = list(app.tabs._names)
+    assert names.index("Eviction") == names.index("Export") - 1
+    assert app.eviction.state is app.state
