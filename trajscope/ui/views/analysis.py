@@ -117,7 +117,7 @@ class SteeringView(StateView):
             return self.model_loader(self.state.model_source)
         from trajscope.ui.runner import get_model
 
-        return get_model(self.state.model_source)
+        return get_model(self.state.model_key()[0])  # a model the operator allows
 
     def _vector(self, model):
         from trajscope.prompts import read_pairs

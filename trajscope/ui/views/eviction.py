@@ -69,7 +69,7 @@ class EvictionView(StateView):
             return self.model_loader(self.state.model_source)
         from trajscope.ui.runner import get_model
 
-        return get_model(self.state.model_source)
+        return get_model(self.state.model_key()[0])  # a model the operator allows
 
     def run(self, *_) -> None:
         """Run the study for the chosen policy and budget on the run on screen (on a worker thread when served)."""
