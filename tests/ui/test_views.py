@@ -359,3 +359,14 @@ def test_unexpected_failure_shows_one_sentence_with_the_log_id(sample_model, fre
     record = next(r for r in caplog.records if found.group(1) in r.getMessage())
     assert record.exc_info is not None  # the full traceback is in the server log
     assert not app.state.busy
+
+
+def test_live_figure_shows_the_run_on_screen_between_generations(short_run):
+    app = TrajScope(trajectory=short_run)
+    data = app.live.source.data
+    assert data["step"] == list(range(short_run.n_steps))
+    q = app.state.queries
+    want = q.filter(pl.col("step") == 3)["entropy"].mean()
+    assert abs(data["attn_entropy"][3] - want) < 1e-6
+    app.live.reset()  # Generate pressed: the figure empties and streams the new run
+    assert app.live.source.data["step"] == []

@@ -27,7 +27,7 @@ class LiveView(StateView):
         super().__init__(**params)
         self.source = ColumnDataSource({c: [] for c in COLUMNS})
         fig = figure(height=170, sizing_mode="stretch_width", toolbar_location=None,
-                     title="Last generation, each step as it arrived (Generate streams here)", x_axis_label="step (0 = prefill)",
+                     title="The run step by step (a generation streams here as each step finishes)", x_axis_label="step (0 = prefill)",
                      y_axis_label="nats")
         fig.line("step", "next_entropy", source=self.source, color="#1f77b4", legend_label="next-token entropy")
         fig.line("step", "attn_entropy", source=self.source, color="#2ca02c",
@@ -39,6 +39,28 @@ class LiveView(StateView):
         fig.add_layout(fig.legend[0], "right")  # beside the curves, not over them
         self.figure = fig
         self.n_streamed = 0
+        self.state.param.watch(self.show_run, "revision")
+        self.show_run()
+
+    def show_run(self, *_) -> None:
+        """Between generations, draw the run on screen the same way (so the figure is never empty)."""
+        st = self.state
+        if st.busy or st.trajectory is None:
+            return
+        import polars as pl
+
+        from trajscope.metrics.next_token import step_outputs
+        from trajscope.ui.plots import visible
+
+        traj = st.trajectory
+        out = step_outputs(traj.tokens, traj.prompt_len).sort("step")
+        attn = st.queries.group_by("step").agg(pl.col("entropy").mean()).sort("step")
+        df = out.join(attn.rename({"entropy": "attn_entropy"}), on="step", how="left")
+        self.source.data = {"step": df["step"].to_list(),
+                            "next_entropy": df["entropy"].cast(pl.Float64).fill_null(float("nan")).to_list(),
+                            "attn_entropy": df["attn_entropy"].cast(pl.Float64).fill_null(float("nan")).to_list(),
+                            "token": [visible(t) for t in df["text"].to_list()] if "text" in df.columns
+                            else [""] * df.height}
 
     def reset(self) -> None:
         """Empty the figure (a new generation starts)."""
