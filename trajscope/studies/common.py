@@ -10,7 +10,7 @@
 - :func:`against_floor` joins a study's rows with the per-layer determinism floor
   (:func:`trajscope.studies.determinism.floor_by_layer`) and flags the deltas that exceed it;
   :func:`summarize` reduces a long table to one row per group with a percentile-bootstrap
-  interval over prompts (:func:`bootstrap_ci`, a local stand-in for ``trajscope.stats``).
+  interval over prompts (:func:`bootstrap_ci`, through :func:`trajscope.stats.cluster_bootstrap`).
 """
 
 from __future__ import annotations
@@ -144,19 +144,18 @@ def against_floor(df: pl.DataFrame, floor: pl.DataFrame | None, dtype: str | Non
 
 
 def bootstrap_ci(values: Sequence[float], *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the mean of ``values`` (one value per prompt).
-
-    A local stand-in for ``trajscope.stats`` (being written elsewhere); swap it for that module's
-    bootstrap when it lands. Returns ``(nan, nan)`` for fewer than two values.
+    """Percentile-bootstrap interval of the mean of ``values`` (one value per prompt, so each prompt is
+    its own cluster): :func:`trajscope.stats.cluster_bootstrap`. Non-finite values are left out;
+    ``(nan, nan)`` for fewer than two values.
     """
+    from trajscope.stats import cluster_bootstrap
+
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
     if v.size < 2:
         return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(axis=1)
-    a = (1 - level) / 2
-    return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+    iv = cluster_bootstrap(v, None, level=level, n_boot=n_boot, seed=seed)
+    return iv.lo, iv.hi
 
 
 def summarize(df: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:

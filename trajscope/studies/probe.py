@@ -37,21 +37,16 @@ def bootstrap_interval(values: Sequence[float] | np.ndarray, *, level: float = 0
                        seed: int = 0) -> tuple[float, float, float]:
     """Mean of ``values`` (one per session) and its percentile-bootstrap interval.
 
-    Local stand-in for ``trajscope.stats.cluster_bootstrap(values, clusters=None)`` (each value is
-    its own cluster: one per session). Returns ``(mean, lo, hi)``; ``lo``/``hi`` are NaN for fewer
-    than 2 values.
+    :func:`trajscope.stats.cluster_bootstrap` with each value its own cluster (one per session).
+    Returns ``(mean, lo, hi)``; ``lo``/``hi`` are NaN for fewer than 2 values.
     """
+    from trajscope.stats import cluster_bootstrap
+
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     if v.size == 0:
         return float("nan"), float("nan"), float("nan")
-    est = float(v.mean())
-    if v.size < 2:
-        return est, float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    boot = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(1)
-    a = (1 - level) / 2
-    lo, hi = np.quantile(boot, [a, 1 - a])
-    return est, float(lo), float(hi)
+    iv = cluster_bootstrap(v, None, level=level, n_boot=n_boot, seed=seed)
+    return iv.estimate, iv.lo, iv.hi
 
 
 def split_sessions(n: int, test_fraction: float = 0.3, seed: int = 0,
