@@ -67,3 +67,46 @@ def test_two_sessions_generating_at_once_keep_their_own_state(page, browser, sam
         assert not any(other_prompt.replace(" ", "") in s.replace("·", "") for s in p.evaluate(STRIP))
         assert text.startswith(prompt)
     other.close()
+
+
+def test_abandoned_page_requests_leave_the_server_responsive(page, short_run_dir):
+    """20 page requests dropped by their clients: a real session keeps stepping fast, and the server goes idle."""
+    import os
+    import socket
+    import time
+
+    apps = []
+
+    def make():
+        tpl = default_page(short_run_dir)
+        apps.append(tpl._trajscope)
+        return tpl
+
+    port = serve_component(page, make)[1]
+    app = apps[0]
+    page.locator(".ts-generate").wait_for(timeout=TIMEOUT)
+    wait_until(lambda: page.locator("canvas").count() >= 3, page, timeout=TIMEOUT)
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")
+    t0, times = time.time(), []
+    for i in range(20):  # a client sends the page request and hangs up at once; the user keeps stepping
+        sock = socket.create_connection(("localhost", port))
+        sock.sendall(f"GET / HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n".encode())
+        sock.close()
+        before = app.state.step
+        page.keyboard.press("ArrowRight" if i % 2 == 0 else "ArrowLeft")
+        t = time.time()
+        wait_until(lambda: app.state.step != before, page, timeout=TIMEOUT)
+        times.append(time.time() - t)
+    assert time.time() - t0 < 10 + sum(times)
+    times.sort()
+    p95 = times[int(0.95 * (len(times) - 1))]
+    assert p95 <= 0.25, times  # a step change never waits long behind the abandoned pages
+    cpu = lambda: sum(os.times()[:2])  # noqa: E731  this process: the server runs in it
+    deadline = time.time() + 30
+    while True:
+        c0, w0 = cpu(), time.time()
+        time.sleep(2)
+        busy = (cpu() - c0) / (time.time() - w0)
+        if busy < 0.25 or time.time() > deadline:
+            break
+    assert busy < 0.25, f"the server still uses {busy:.0%} of a core 30 s after the abandoned requests"

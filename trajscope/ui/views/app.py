@@ -128,8 +128,21 @@ class TrajScope(StateView):
             tabs, sizing_mode="stretch_width")
 
     def template(self) -> pn.template.FastListTemplate:
-        """The app as a page (what ``panel serve apps/trajscope.py`` shows)."""
-        tpl = pn.template.FastListTemplate(title=TITLE, sidebar=[self.sidebar()], main=[self.main()],
+        """The app as a page (what ``panel serve apps/trajscope.py`` shows).
+
+        The page request only sends a light shell; the views are drawn once the browser has connected
+        (``pn.state.onload``), so a request its client abandons costs the server almost nothing
+        (drawing the views takes about a second of server time; the shell about a tenth).
+        """
+        side = pn.Column(sizing_mode="stretch_width")
+        main = pn.Column(pn.pane.Markdown("Loading trajscope…", css_classes=["ts-loading"]), sizing_mode="stretch_width")
+
+        def draw() -> None:
+            side[:] = [self.sidebar()]
+            main[:] = [self.main()]
+            self._autostart()
+
+        tpl = pn.template.FastListTemplate(title=TITLE, sidebar=[side], main=[main],
                                            sidebar_width=340, accent="#1f77b4", theme_toggle=False,
                                            main_max_width="1600px",
                                            # Panel's busy spinner is one shared model synced through a global
@@ -138,7 +151,7 @@ class TrajScope(StateView):
                                            # "_pending_writes should be non-None…"). The app shows its own status.
                                            busy_indicator=None)
         tpl._trajscope = self  # the session's app, for tests and scripts that serve the page
-        pn.state.onload(self._autostart)
+        pn.state.onload(draw)
         return tpl
 
     def __panel__(self):
