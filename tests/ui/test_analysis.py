@@ -140,7 +140,8 @@ def test_steering_view_runs_off_the_event_loop(llama, tmp_path):
 
 
 def test_features_view_follows_the_step(sample_model, tmp_path):
-    from trajscope.ui.views.features import SAMPLE_SAE, FeaturesView, comparison_table, encode_run, top_features_plot
+    from trajscope.ui.feature_plots import top_features_table
+    from trajscope.ui.views.features import SAMPLE_SAE, FeaturesView, comparison_table
 
     traj = ts.capture(sample_model, "def fibonacci(n):\n    ", max_new_tokens=10, residual_layers=[3])
     state = AppState()
@@ -149,7 +150,7 @@ def test_features_view_follows_the_step(sample_model, tmp_path):
     enc = view._enc
     assert enc is not None and enc["f"].shape[0] == traj.residual(3).shape[0]
     P = traj.prompt_len
-    at = {s: sorted(top_features_plot(enc["features"], P + s - 1, s).dimension_values("feature")) for s in (3, 7)}
+    at = {s: sorted(top_features_table(enc["features"], P + s - 1)["feature"]) for s in (3, 7)}
     assert at[3] != at[7]
     table = comparison_table(enc, P)
     assert table["positions"].to_list() == ["prefill (pos ≥ 1)", "decode", "prefill vs decode overlap"]

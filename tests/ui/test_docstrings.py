@@ -10,13 +10,16 @@ import trajscope.ui.views.app
 import trajscope.ui.views.attention
 import trajscope.ui.views.controls
 import trajscope.ui.views.export
+import trajscope.ui.views.feature_card
+import trajscope.ui.views.features
 import trajscope.ui.views.keys
 import trajscope.ui.views.player
 import trajscope.ui.views.telemetry
 import trajscope.ui.views.tokens
 
 MODULES = [trajscope.ui.state, trajscope.ui.views.app, trajscope.ui.views.attention, trajscope.ui.views.controls,
-           trajscope.ui.views.export, trajscope.ui.views.keys, trajscope.ui.views.player,
+           trajscope.ui.views.export, trajscope.ui.views.feature_card,
+           trajscope.ui.views.features, trajscope.ui.views.keys, trajscope.ui.views.player,
            trajscope.ui.views.telemetry, trajscope.ui.views.tokens]
 
 

@@ -1,4 +1,4 @@
-"""SAE subcommands of the ``trajscope`` CLI: ``harvest``, ``train-sae`` and ``sae-drift``.
+"""SAE subcommands of the ``trajscope`` CLI: ``harvest``, ``train-sae``, ``sae-drift`` and ``sae-index``.
 
 - ``trajscope harvest``: capture a prompt set's continuations and save one layer's
   activations with their tags (:mod:`trajscope.sae.harvest`).
@@ -9,6 +9,9 @@
   decode depth and next-token-entropy band for every SAE side by side, and the
   feature overlap; writes ``sae_drift.parquet``, ``sae_overlap.parquet`` and
   ``sae_drift_wide.parquet``.
+- ``trajscope sae-index``: the feature index (top-activating contexts and prefill/decode
+  density of every feature over a prompt set, :mod:`trajscope.sae.index`), written
+  beside the SAE (or to ``--out``).
 
 :func:`register` adds them to the main parser (:mod:`trajscope.cli`).
 """
@@ -153,8 +156,39 @@ def cmd_sae_drift(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sae_index(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from trajscope.prompts import read_prompts
+    from trajscope.sae.index import EXAMPLES_FILE, IndexSettings, build_index
+    from trajscope.sae.model import SAE
+
+    opt.threads(args.threads)
+    items = read_prompts(args.prompts)
+    if args.split != "all":
+        items = [p for p in items if p.get("split", "all") == args.split]
+        if not items:
+            raise TrajscopeError(f"No prompt in '{args.prompts}' has split '{args.split}'.")
+    if args.limit:
+        items = items[: args.limit]
+    sae = SAE.load(args.sae)
+    model = opt.load(args)
+    settings = IndexSettings(prompts=args.prompts, split=args.split, n_prompts=len(items),
+                             max_new_tokens=args.max_new_tokens, top_n=args.top_n, context=args.context)
+    bar = tqdm(total=len(items), desc="sae-index", unit="prompt", disable=args.quiet)
+    index = build_index(model, sae, items, settings, on_progress=lambda done, total: bar.update(done - bar.n))
+    bar.close()
+    out = opt.out_dir(args.out) if args.out else pathlib.Path(args.sae)
+    index.save(out)
+    size = (out / EXAMPLES_FILE).stat().st_size
+    print(f"{out / EXAMPLES_FILE}: {len(index.examples)} examples of {index.examples['feature'].n_unique()} features "
+          f"over {index.info['n_positions']} positions ({index.info['n_prefill']} prefill, "
+          f"{index.info['n_decode']} decode), {size / 1024:.0f} KiB", file=sys.stderr)
+    return 0
+
+
 def register(sub: Any) -> None:
-    """Add ``harvest``, ``train-sae`` and ``sae-drift`` to the CLI's subparsers."""
+    """Add ``harvest``, ``train-sae``, ``sae-drift`` and ``sae-index`` to the CLI's subparsers."""
     h = opt.command(sub, "harvest", "save one layer's prefill and decode activations over a prompt set",
                     "Capture a prompt set's greedy and sampled continuations and save one layer's activations with "
                     "their tags (phase, step, depth and entropy bands).",
@@ -212,3 +246,24 @@ def register(sub: Any) -> None:
     d.add_argument("--out", required=True)
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=cmd_sae_drift)
+
+    x = opt.command(sub, "sae-index", "build an SAE's feature index (top contexts, prefill/decode density)",
+                    "Capture each prompt with a greedy continuation, encode every position with the SAE and keep, per "
+                    "feature, its top-activating contexts and its activation density in prefill and in decode. "
+                    "Writes feature_index.parquet, feature_density.parquet and feature_index.json beside the SAE.",
+                    "trajscope sae-index --sae sample_data/saes/layer3-prefill-only "
+                    "--prompts sample_data/prompts/heldout_code.jsonl")
+    x.add_argument("--sae", required=True, help="SAELens-format SAE directory (also where the index goes)")
+    x.add_argument("--model", default="sample", help="the model the SAE reads (default: %(default)s)")
+    x.add_argument("--prompts", default="sample_data/prompts/heldout_code.jsonl",
+                   help="JSON-lines prompt file (default: %(default)s)")
+    x.add_argument("--split", default="all", help="keep prompts whose 'split' is this (train, eval) or all")
+    x.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    x.add_argument("--max-new-tokens", type=int, default=64, help="greedy continuation per prompt (default: %(default)s)")
+    x.add_argument("--top-n", type=int, default=8, help="examples kept per feature (default: %(default)s)")
+    x.add_argument("--context", type=int, default=12, help="tokens of context left of the activating token")
+    x.add_argument("--device", default=None)
+    x.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    x.add_argument("--out", default=None, help="write here instead of the SAE directory")
+    x.add_argument("--quiet", action="store_true")
+    x.set_defaults(func=cmd_sae_index)

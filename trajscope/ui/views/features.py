@@ -3,17 +3,20 @@
 The SAE (default: the prefill-only TopK SAE shipped for the sample model's layer
 3) encodes the run's residuals at its layer — kept at capture time with
 ``residual_layers`` — so any saved run can be looked at with any fitting SAE.
-Shown: the top features at the current step, a feature × position timeline of
-the most frequent features, the reconstruction error ‖x − x̂‖² ÷ ‖x‖² over
-positions with the prefill mean ± s.d. as a reference band, and a prefill-vs-
-decode comparison (FVU, L0, top-64 Jaccard and Spearman of feature frequencies).
+Shown: the top features at the current step (a table; click a row to open the
+feature), a feature × step timeline of the most frequent features, the
+reconstruction error ‖x − x̂‖² ÷ ‖x‖² over steps with the prefill mean ± s.d. as
+a reference band (both with the step cursor and the decode-start line), a
+prefill-vs-decode comparison (FVU, L0, top-64 Jaccard and Spearman of feature
+frequencies), and the card of the chosen feature (:mod:`.feature_card`): its
+label, its density in prefill and decode, its top contexts from the SAE's index.
+Plot builders live in :mod:`trajscope.ui.feature_plots`.
 """
 
 from __future__ import annotations
 
 import pathlib
 
-import holoviews as hv
 import numpy as np
 import panel as pn
 import param
@@ -23,8 +26,12 @@ import torch
 from trajscope import positions
 from trajscope.errors import TrajscopeError
 from trajscope.model import sample_data_dir
-from trajscope.ui.plots import CURSOR_COLOR
+from trajscope.sae.index import FeatureIndex, density_table
+from trajscope.sae.labels import FeatureLabels
+from trajscope.ui import feature_plots as fp
 from trajscope.ui.views._base import StateView, in_background
+from trajscope.ui.views._cursor import Cursor, vline
+from trajscope.ui.views.feature_card import FeatureCard
 
 SAMPLE_SAE = sample_data_dir() / "saes" / "layer3-prefill-only"
 
@@ -46,38 +53,6 @@ def encode_run(traj, sae, k: int = 16) -> dict:
     pos = np.repeat(np.arange(n), val.shape[1])
     feats = pl.DataFrame({"pos": pos, "feature": idx.reshape(-1).numpy(), "value": val.reshape(-1).numpy()})
     return {"f": f, "x": x, "x_hat": x_hat, "rel_err": rel, "features": feats.filter(pl.col("value") > 0)}
-
-
-def top_features_plot(features: pl.DataFrame, pos: int, step: int) -> hv.Bars:
-    """Bars of the active features at ``pos`` (the current step's query)."""
-    sub = features.filter(pl.col("pos") == pos).sort("value", descending=True).head(16)
-    return hv.Bars([(str(f), v) for f, v in zip(sub["feature"], sub["value"])], "feature", "activation").opts(
-        responsive=True, height=240, color="#1f77b4", tools=["hover"], xrotation=45, shared_axes=False,
-        title=f"Top SAE features at step {step} (query pos {pos})")
-
-
-def timeline_plot(features: pl.DataFrame, prompt_len: int, n_features: int = 20) -> hv.Overlay:
-    """Heatmap feature × position of the ``n_features`` most frequently active features."""
-    top = features.group_by("feature").len().sort("len", descending=True).head(n_features)["feature"]
-    sub = features.filter(pl.col("feature").is_in(top.implode())).with_columns(pl.col("feature").cast(pl.String))
-    hm = hv.HeatMap(sub.select("pos", "feature", "value").to_pandas(), ["pos", "feature"], "value").opts(
-        cmap="magma", colorbar=True, responsive=True, height=380, tools=["hover"], xlabel="position", shared_axes=False,
-        ylabel="feature", title=f"Feature timeline — the {len(top)} most frequent features (dashed: decode starts)")
-    return hm * hv.VLine(prompt_len - 0.5).opts(color="white", line_dash="dashed")
-
-
-def error_plot(rel_err: np.ndarray, prompt_len: int, pos: int) -> hv.Overlay:
-    """Reconstruction error by position, prefill mean ± s.d. band (positions ≥ 1), current query marked."""
-    x = np.arange(len(rel_err))
-    ref = rel_err[1:prompt_len] if prompt_len > 2 else rel_err[:prompt_len]
-    m, s = float(ref.mean()), float(ref.std())
-    band = hv.HSpan(m - s, m + s).opts(color="#2ca02c", alpha=0.15)
-    curve = hv.Curve((x, rel_err), "position", "relative error").opts(color="#1f77b4", tools=["hover"])
-    return (band * hv.HLine(m).opts(color="#2ca02c", line_dash="dashed") * curve
-            * hv.VLine(prompt_len - 0.5).opts(color="#6c757d", line_dash="dashed")
-            * hv.VLine(pos).opts(color=CURSOR_COLOR)).opts(
-        responsive=True, height=240, ylabel="‖x − x̂‖² ÷ ‖x‖²", xlabel="position", shared_axes=False,
-        title="SAE reconstruction error by position (green: prefill mean ± s.d.)")
 
 
 def comparison_table(enc: dict, prompt_len: int) -> pl.DataFrame:
@@ -107,7 +82,7 @@ def comparison_table(enc: dict, prompt_len: int) -> pl.DataFrame:
 
 
 class FeaturesView(StateView):
-    """SAE features of the current run."""
+    """SAE features of the current run, and the card of the chosen feature."""
 
     sae_path = param.String(default=str(SAMPLE_SAE), doc="SAE directory in SAELens format (cfg.json + sae_weights.safetensors).")
     message = param.String(default="", doc="Why features are not shown, when they are not.")
@@ -118,25 +93,60 @@ class FeaturesView(StateView):
         self._sae = None
         self._sae_loaded_from = None
         self._ticket = 0
+        self.card = FeatureCard()
+        self.cursors: dict[str, Cursor] = {}
+        self._panes: list = []
+        self.top_table = pn.widgets.Tabulator(pl.DataFrame({"feature": [], "name": []}).to_pandas(), disabled=True,
+                                              show_index=False, selectable=1, height=300, sizing_mode="stretch_width",
+                                              hidden_columns=["feature"])
+        self._top_rows = pl.DataFrame()
+        self.chooser = pn.widgets.Select(label="Feature", options={}, sizing_mode="stretch_width")
+        self.top_table.param.watch(self._on_select_row, "selection")
+        self._syncing = False
+        self.chooser.param.watch(lambda e: None if self._syncing else self.choose(e.new), "value")
+        self.card.param.watch(lambda e: self._refresh_chooser(), "feature")
+        self.card.param.watch(self._names_changed, "names_version")
         self.state.param.watch(self._recompute, "revision")
+        self.state.param.watch(self._move, "step")
         self.param.watch(self._recompute, "sae_path")
         self._recompute()
 
+    # -- the SAE, its labels and index ---------------------------------------------------------
     def _load_sae(self):
-        """The SAE at ``sae_path`` (cached); tells the state its layer so Generate keeps those residuals."""
+        """The SAE at ``sae_path`` (cached) with its labels and index; tells the state its layer."""
         from trajscope.sae.model import SAE
+        from trajscope.ui.operator import config
 
         if self._sae_loaded_from != self.sae_path:
             self._sae, self._sae_loaded_from = None, self.sae_path
-            if not pathlib.Path(self.sae_path).is_dir():
+            path = config().path(self.sae_path, "SAE directory")  # typed in the browser: inside the data directories
+            if not pathlib.Path(path).is_dir():
                 self.state.sae_layer = None
                 raise TrajscopeError(f"No SAE directory at {self.sae_path}.")
-            self._sae = SAE.load(self.sae_path)
+            self._sae = SAE.load(str(path))
             self.state.sae_layer = int(self._sae.cfg.layer)
+            self.card.param.update(labels=FeatureLabels(path), index=FeatureIndex.load(path), feature=None)
         if self._sae is None:
             raise TrajscopeError(f"No SAE directory at {self.sae_path}.")
         return self._sae
 
+    def choose(self, feature: int | None) -> None:
+        """Show ``feature`` in the card."""
+        self.card.feature = None if feature is None else int(feature)
+
+    def _on_select_row(self, event) -> None:
+        if event.new and len(self._top_rows) > event.new[0]:
+            self.choose(self._top_rows["feature"][event.new[0]])
+
+    def _names(self) -> dict[int, str]:
+        return self.card.names()
+
+    def _names_changed(self, *_) -> None:
+        self._refresh_chooser()
+        self._refresh_top()
+        self.param.trigger("message")  # redraw the timeline with the new names
+
+    # -- encoding ------------------------------------------------------------------------------
     def _recompute(self, *_) -> None:
         """Encode the run's residuals with the SAE, off the event loop; stale results are dropped."""
         self._ticket += 1
@@ -163,28 +173,86 @@ class FeaturesView(StateView):
         if ticket != self._ticket:
             return
         self._enc, self.message = result
+        if self._enc is not None:
+            P = self.state.trajectory.prompt_len
+            is_dec = np.arange(self._enc["f"].shape[0]) >= P
+            self.card.run_density = density_table(self._enc["f"] > 0, is_dec)
+        else:
+            self.card.run_density = None
+        self._refresh_chooser()
+        self._refresh_top()
+        if self.card.feature is None and len(self._top_rows):
+            self.choose(self._top_rows["feature"][0])
         self.param.trigger("message")
 
-    def _top(self, step, message):
+    # -- step-following parts (updated in place) -----------------------------------------------
+    def _refresh_chooser(self) -> None:
+        """Select options: the run's features by how often they are active (with labels), then the chosen one."""
+        opts = {}
+        if self._enc is not None:
+            freq = self._enc["features"].group_by("feature").len().sort(["len", "feature"], descending=[True, False])
+            opts = {self.card.feature_name(f): int(f) for f in freq["feature"]}
+        if self.card.feature is not None and self.card.feature not in opts.values():
+            opts[self.card.feature_name(self.card.feature)] = self.card.feature
+        self._syncing = True
+        try:
+            self.chooser.options = opts
+            self.chooser.value = self.card.feature if self.card.feature in opts.values() else None
+        finally:
+            self._syncing = False
+
+    def _refresh_top(self) -> None:
+        if self._enc is None or self.state.trajectory is None:
+            self._top_rows = pl.DataFrame({"feature": [], "name": []})
+        else:
+            pos = positions.query_pos(self.state.step, self.state.trajectory.prompt_len)
+            idx = self.card.index
+            self._top_rows = fp.top_features_table(self._enc["features"], pos, self._names(),
+                                                   None if idx is None else idx.density)
+        self.top_table.selection = []
+        self.top_table.value = fp.display_table(self._top_rows).to_pandas()
+
+    def _move(self, event) -> None:
+        self._refresh_top()
+        for c in self.cursors.values():
+            c.set_step(event.new, *self._panes)
+
+    def _cursor(self, name: str, base):
+        c = Cursor([vline()], lambda s: [{"location": float(s)}])
+        c.step = self.state.step
+        self.cursors[name] = c
+        return base.opts(hooks=[c.hook])
+
+    # -- layout --------------------------------------------------------------------------------
+    def error_plot(self, message):
+        if self._enc is None:
+            return fp.no_data(self.message or "No features.")
+        return self._cursor("error", fp.error_plot(self._enc["rel_err"], self.state.trajectory.prompt_len))
+
+    def timeline(self, message):
+        if self._enc is None:
+            return fp.no_data("")
+        base = fp.timeline_plot(self._enc["features"], self.state.trajectory.prompt_len, self._names())
+        return self._cursor("timeline", base)
+
+    def _summary(self, message):
         if self._enc is None:
             return pn.pane.Alert(self.message or "No features.", alert_type="secondary")
-        P = self.state.trajectory.prompt_len
-        pos = positions.query_pos(step, P)
-        return pn.Row(pn.pane.HoloViews(top_features_plot(self._enc["features"], pos, step), sizing_mode="stretch_width"),
-                      pn.pane.HoloViews(error_plot(self._enc["rel_err"], P, pos), sizing_mode="stretch_width"),
-                      sizing_mode="stretch_width")
-
-    def _whole(self, message):
-        if self._enc is None:
-            return pn.Column()
-        P = self.state.trajectory.prompt_len
-        table = comparison_table(self._enc, P)
-        return pn.Column(pn.pane.HoloViews(timeline_plot(self._enc["features"], P), sizing_mode="stretch_width"),
-                         pn.pane.Markdown("**Prefill vs decode** (this run; FVU = E‖x−x̂‖² / E‖x−E[x]‖²)"),
+        table = fp.display_table(comparison_table(self._enc, self.state.trajectory.prompt_len))
+        return pn.Column(pn.pane.Markdown("**Prefill vs decode** (this run; FVU = E‖x−x̂‖² / E‖x−E[x]‖²)"),
                          pn.widgets.Tabulator(table.to_pandas(), disabled=True, show_index=False, height=110,
                                               sizing_mode="stretch_width"), sizing_mode="stretch_width")
 
     def __panel__(self):
         path = pn.widgets.TextInput.from_param(self.param.sae_path, name="SAE", sizing_mode="stretch_width")
-        return pn.Column(path, pn.bind(self._top, self.state.param.step, self.param.message),
-                         pn.bind(self._whole, self.param.message), sizing_mode="stretch_width")
+        err = pn.pane.HoloViews(pn.bind(self.error_plot, self.param.message), sizing_mode="stretch_width",
+                                linked_axes=False)
+        tl = pn.pane.HoloViews(pn.bind(self.timeline, self.param.message), sizing_mode="stretch_width",
+                               linked_axes=False)
+        self._panes += [err, tl]
+        top = pn.Column(pn.pane.Markdown("**Top features at the current step** (click one to open it below)"),
+                        self.top_table, sizing_mode="stretch_width")
+        card = pn.Column(self.chooser, self.card, sizing_mode="stretch_width",
+                         styles={"border-top": "1px solid #ddd"})
+        return pn.Column(path, pn.Row(top, err, sizing_mode="stretch_width"), tl,
+                         pn.bind(self._summary, self.param.message), card, sizing_mode="stretch_width")
