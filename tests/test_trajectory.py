@@ -62,6 +62,8 @@ def test_missing_tensor_layer_is_explained(traj):
     (lambda p: (p / "attention.parquet").unlink(), "incomplete: attention.parquet is missing"),
     (lambda p: (p / "tokens.parquet").write_bytes(b"PAR1garbage"), "unreadable tokens.parquet"),
     (lambda p: (p / "tensors.safetensors").unlink(), "tensors.safetensors is missing"),
+    (lambda p: (p / "tensors.safetensors").write_bytes((p / "tensors.safetensors").read_bytes()[:100]),
+     "unreadable tensors.safetensors"),
     (lambda p: (p / "meta.json").write_text(json.dumps({"schema_version": 99})), "schema version 99"),
 ])
 def test_broken_run_directories(traj, tmp_path, damage, fragment):

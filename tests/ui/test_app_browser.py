@@ -166,12 +166,18 @@ def test_parquet_download_reads_back(page, short_run_dir, tmp_path, short_run):
     assert (df["phase"] == "decode").sum() == 12
 
 
-def test_paths_outside_the_data_directories_are_refused(page, short_run_dir):
+def test_paths_outside_the_data_directories_are_refused(page, short_run_dir, tmp_path_factory):
+    outside = pathlib.Path("/tmp") / f"trajscope-outside-{os.getpid()}"  # not under the tests' data directories
+    outside.mkdir(exist_ok=True)
+    (outside / "meta.json").write_text("{}")
+    link = short_run_dir.parent / "escape"  # inside a data directory, pointing out of it
+    if not link.exists():
+        link.symlink_to(outside)
     apps = serve(page, run_dir=short_run_dir)
     app = apps[0]
     wait_until(lambda: page.locator("canvas").count() >= 3, page, timeout=TIMEOUT)
     shown = app.state.trajectory.run_id
-    for bad in ("/etc", "../../..", "/proc/self"):
+    for bad in ("/etc", "../../..", "/proc/self", str(link)):
         box = page.get_by_label("Open a saved run directory", exact=True)
         box.fill(bad)
         box.press("Enter")
@@ -180,6 +186,14 @@ def test_paths_outside_the_data_directories_are_refused(page, short_run_dir):
         assert app.state.trajectory.run_id == shown  # nothing was read; the run on screen stays
         app.state.error = ""
         wait_until(lambda: "outside" not in text(page, ".ts-error"), page, timeout=TIMEOUT)
+    # a model that is not on the operator's list: refused at the click, nothing is loaded
+    box = page.get_by_label("Model", exact=True)
+    box.fill("/etc/passwd")
+    box.press("Enter")
+    wait_until(lambda: app.state.model_source == "/etc/passwd", page, timeout=TIMEOUT)
+    page.locator(".ts-generate button").click()
+    wait_until(lambda: "not on this server's list" in text(page, ".ts-error"), page, timeout=TIMEOUT)
+    assert app.controls.job is None and not app.state.busy
 
 
 def test_a_full_server_says_so(page, short_run_dir, monkeypatch, browser):

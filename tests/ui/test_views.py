@@ -142,7 +142,7 @@ def test_bad_input_is_reported_and_app_stays_usable(sample_model, tmp_path, fres
     assert st.error == "" and st.trajectory.n_steps == 3
 
 
-def test_api_key_never_leaves_memory(sample_model, fresh_models, monkeypatch):
+def test_api_key_never_leaves_memory(sample_model, fresh_models, monkeypatch, caplog):
     from trajscope.ui import operator
 
     monkeypatch.delenv("NDIF_API_KEY", raising=False)
@@ -157,6 +157,9 @@ def test_api_key_never_leaves_memory(sample_model, fresh_models, monkeypatch):
             raise ts.TrajscopeError(f"Cannot reach NDIF with key {secret}.")
         return sample_model
 
+    import logging
+
+    caplog.set_level(logging.DEBUG)  # every log line of the app, at every level
     app = TrajScope(max_new_tokens=3)
     app.state.param.update(model_source="bad", remote=True, ndif_api_key=secret)
     wait_job(app.controls.generate(dispatch=lambda fn: fn(), loader=loader))
@@ -170,6 +173,10 @@ def test_api_key_never_leaves_memory(sample_model, fresh_models, monkeypatch):
         for fmt in ("parquet", "csv"):
             assert secret.encode() not in table_bytes(traj, table, fmt)
     assert secret.encode() not in run_zip_bytes(traj)
+    from trajscope.ui.export import report_bytes
+
+    assert secret.encode() not in report_bytes(traj)
+    assert caplog.records and not [r for r in caplog.records if secret in r.getMessage()]
     assert all(secret not in k for key in runner._MODELS for k in map(str, key))
 
 
