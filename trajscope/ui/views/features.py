@@ -97,9 +97,15 @@ class FeaturesView(StateView):
         self.cursors: dict[str, Cursor] = {}
         self._panes: list = []
         self.top_table = pn.widgets.Tabulator(pl.DataFrame({"feature": [], "name": []}).to_pandas(), disabled=True,
-                                              show_index=False, selectable=1, height=300, sizing_mode="stretch_width",
+                                              show_index=False, selectable=1, height=300, width=460,
+                                              layout="fit_columns",  # fit_data re-measured without end (tab at 100% CPU)
                                               hidden_columns=["feature"])
         self._top_rows = pl.DataFrame()
+        # what the page shows: a plain table (a Tabulator here kept the browser tab at 100% CPU after a new
+        # run, in Chromium 2026-11); features open from the chooser below. ``top_table`` keeps the rows.
+        self.top_html = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["ts-top-features"],
+                                     stylesheets=[":host table{border-collapse:collapse;font-size:0.85em}"
+                                                  ":host td,:host th{padding:2px 8px;border-bottom:1px solid #ddd}"])
         self.chooser = pn.widgets.Select(label="Feature", options={}, sizing_mode="stretch_width")
         self.top_table.param.watch(self._on_select_row, "selection")
         self._syncing = False
@@ -210,7 +216,10 @@ class FeaturesView(StateView):
             self._top_rows = fp.top_features_table(self._enc["features"], pos, self._names(),
                                                    None if idx is None else idx.density)
         self.top_table.selection = []
-        self.top_table.value = fp.display_table(self._top_rows).to_pandas()
+        shown = fp.display_table(self._top_rows).to_pandas()
+        self.top_table.value = shown
+        self.top_html.object = shown.drop(columns=["feature"], errors="ignore").to_html(index=False, escape=True,
+                                                                                        border=0)
 
     def _move(self, event) -> None:
         self._refresh_top()
@@ -250,9 +259,11 @@ class FeaturesView(StateView):
         tl = pn.pane.HoloViews(pn.bind(self.timeline, self.param.message), sizing_mode="stretch_width",
                                linked_axes=False)
         self._panes += [err, tl]
-        top = pn.Column(pn.pane.Markdown("**Top features at the current step** (click one to open it below)"),
-                        self.top_table, sizing_mode="stretch_width")
+        top = pn.Column(pn.pane.Markdown("**Top features at the current step** (open one with the Feature "
+                                         "chooser below)"), self.top_html, sizing_mode="stretch_width")
         card = pn.Column(self.chooser, self.card, sizing_mode="stretch_width",
                          styles={"border-top": "1px solid #ddd"})
-        return pn.Column(path, pn.Row(top, err, sizing_mode="stretch_width"), tl,
+        # stacked, not side by side: a table beside a responsive plot in one Row made Bokeh re-lay the
+        # page out without end at some widths (the browser tab at 100% CPU)
+        return pn.Column(path, top, err, tl,
                          pn.bind(self._summary, self.param.message), card, sizing_mode="stretch_width")
