@@ -10,11 +10,18 @@ writes, under ``sample_data/prompts/``:
   function header and the opening line of its docstring; every prompt carries
   ``split``: ``"train"`` (its continuations may train the hybrid SAE) or ``"eval"``
   (never seen by an SAE; ``trajscope sae-drift`` measures on these). The split is
-  by file (SHA-1 of the relative path), so no file feeds both.
+  by file (SHA-1 of the relative path), so no file feeds both. Each prompt also
+  keeps ``continuation``: the human text that followed it in the file (at least
+  ``CONTINUATION_CHARS`` characters, cut at a line end, or the rest of the file),
+  the matched baseline of ``trajscope drift`` (teacher-forced at the positions
+  decode would fill). ``prompt + continuation`` is checked to be the file's text.
 - ``heldout_chunks.jsonl``: ~1,000-character chunks of the ``train``-split files,
   the prefill corpus for SAE training.
 
-Usage: ``python scripts/make_prompts.py [--n-prompts 60] [--n-chunks 300]``.
+Usage: ``python scripts/make_prompts.py [--n-prompts 60] [--n-chunks 300]``. When the output
+files exist, the new ids, prompts, files and splits must equal theirs (other shipped artefacts
+depend on them); a mismatch (e.g. a different Python's standard library) stops the script
+unless ``--force`` is given.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import json
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONTINUATION_CHARS = 1500  # ≥ 128 tokens of the sample tokenizer on code (checked by tests/test_drift_heldout.py)
 
 
 def _h(text: str) -> int:
@@ -63,6 +71,9 @@ def function_prompts(rel: str, src: str, context_lines: int = 6) -> list[dict]:
     except SyntaxError:
         return []
     lines = src.splitlines(keepends=True)
+    line_start = [0]
+    for line in lines:
+        line_start.append(line_start[-1] + len(line))
     out = []
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
@@ -82,8 +93,33 @@ def function_prompts(rel: str, src: str, context_lines: int = 6) -> list[dict]:
         opening += " ".join(words[: max(1, min(3, len(words) // 2))])  # stop mid-sentence
         prompt = head + opening
         if 80 <= len(prompt) <= 900:
-            out.append({"id": f"{rel}:{node.lineno}:{node.name}", "prompt": prompt, "file": rel, "split": split_of(rel)})
+            begin = line_start[max(0, start - context_lines)]
+            end = begin + len(prompt)
+            if src[begin:end] != prompt:
+                raise SystemExit(f"{rel}:{node.lineno}: the prompt is not a slice of the file; cannot keep its continuation.")
+            out.append({"id": f"{rel}:{node.lineno}:{node.name}", "prompt": prompt, "file": rel, "split": split_of(rel),
+                        "continuation": continuation(src, end)})
     return out
+
+
+def continuation(src: str, end: int, n_chars: int = CONTINUATION_CHARS) -> str:
+    """The file's text after offset ``end``: at least ``n_chars`` characters, extended to the next line end."""
+    stop = src.find("\n", end + n_chars)
+    return src[end:] if stop < 0 else src[end: stop + 1]
+
+
+KEYS = ("id", "prompt", "file", "split")
+
+
+def check_same_prompts(path: pathlib.Path, new: list[dict], force: bool) -> None:
+    """Stop unless ``new`` has the same ids, prompts, files and splits, in order, as the file at ``path``."""
+    if not path.is_file():
+        return
+    old = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    same = len(old) == len(new) and all(all(o.get(k) == n.get(k) for k in KEYS) for o, n in zip(old, new))
+    if not same and not force:
+        raise SystemExit(f"{path}: the regenerated prompts differ from the shipped ones (ids, prompts, files or "
+                         f"splits); other shipped artefacts depend on them. Re-run with --force to replace them.")
 
 
 def chunks(rel: str, src: str, size: int = 1000) -> list[dict]:
@@ -104,6 +140,7 @@ def main() -> None:
     ap.add_argument("--eval-share", type=float, default=0.4, help="share of prompts from eval-split files")
     ap.add_argument("--per-file", type=int, default=8, help="at most this many prompts from one file")
     ap.add_argument("--out", default=str(ROOT / "sample_data" / "prompts"))
+    ap.add_argument("--force", action="store_true", help="replace prompt files even if ids or prompts change")
     args = ap.parse_args()
     files = heldout_files()
     cands = []
@@ -119,6 +156,7 @@ def main() -> None:
     pool.sort(key=lambda c: _h(c["id"]))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    check_same_prompts(out / "heldout_code.jsonl", prompts, args.force)
     with open(out / "heldout_code.jsonl", "w", encoding="utf-8") as fh:
         for p in prompts:
             fh.write(json.dumps(p) + "\n")

@@ -1,15 +1,16 @@
-"""Take the README screenshot: serve the app, open it in headless Chromium, save ``assets/screenshot.png``.
+"""Take the README screenshots: serve the app, drive it in headless Chromium like a user, save PNGs.
 
-Uses the demo run in ``sample_data/runs/demo`` (``scripts/make_demo_run.py``);
-when it is missing, captures the same run into a temporary directory first.
-The page is captured at a 1600-pixel width after moving to a mid-decode step
-so that every cursor is visible. Needs Chromium at ``/usr/bin/chromium``
-(Debian package ``chromium``) and Playwright for Python.
+1. ``assets/screenshot.png``: the Overview tab on the demo run in ``sample_data/runs/demo``
+   (``scripts/make_demo_run.py``; when it is missing, the same run is captured into a temporary
+   directory first), moved to a mid-decode step so that every cursor is visible.
+2. ``assets/screenshot-sae.png`` and ``assets/screenshot-drift.png``: a prompt typed into the
+   page and generated there (:data:`PROMPT`, 48 tokens), then the whole SAE features and Drift
+   tabs on that run, at the same step.
 
-(A second picture of the SAE features and Drift tabs is not taken yet: a full-page capture of those
-tabs timed out in headless Chromium on this machine.)
+Pages are 1600 pixels wide. Needs Chromium at ``/usr/bin/chromium`` (Debian package
+``chromium``) and Playwright for Python.
 
-Usage: ``python scripts/screenshot.py [--out assets/screenshot.png] [--step 20]``
+Usage: ``python scripts/screenshot.py [--out-dir assets] [--step 20]``
 """
 
 from __future__ import annotations
@@ -40,9 +41,31 @@ def demo_run_dir(tmp: str) -> pathlib.Path:
     return traj.save(pathlib.Path(tmp) / "demo")
 
 
+PROMPT = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n"
+
+
+def generate(page, app, prompt: str, n: int) -> None:
+    """Type ``prompt``, set max new tokens to ``n``, press Generate and wait until the run is on screen."""
+    area = page.locator(".ts-prompt textarea")
+    area.fill(prompt)
+    area.press("Tab")
+    box = page.get_by_label("Max new tokens", exact=True)
+    box.fill(str(n))
+    box.press("Enter")
+    deadline = time.time() + 30
+    while (app.state.prompt != prompt or app.state.max_new_tokens != n) and time.time() < deadline:
+        time.sleep(0.1)
+    before = app.state.trajectory.run_id
+    page.locator(".ts-generate button").click()
+    deadline = time.time() + 120
+    while (app.state.trajectory.run_id == before or app.state.busy) and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "assets" / "screenshot.png"))
+    ap.add_argument("--out-dir", default=str(ROOT / "assets"))
     ap.add_argument("--step", type=int, default=20, help="step to show")
     ap.add_argument("--port", type=int, default=5077)
     args = ap.parse_args()
@@ -75,11 +98,18 @@ def main() -> None:
                 app = apps[0]
                 app.state.go(args.step)
                 time.sleep(3)
-                out = pathlib.Path(args.out)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(out))  # Overview tab
+                out = pathlib.Path(args.out_dir)
+                out.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(out / "screenshot.png"))  # Overview tab
+                generate(page, app, PROMPT, 48)
+                app.state.go(args.step)
+                page.set_viewport_size({"width": 1600, "height": 3200})  # whole tabs on screen, all painted
+                for tab, name in (("SAE features", "screenshot-sae.png"), ("Drift", "screenshot-drift.png")):
+                    page.locator(".bk-tab", has_text=tab).click()
+                    time.sleep(6)
+                    page.locator(".ts-tabs").first.screenshot(path=str(out / name))  # the tab, top to bottom
                 browser.close()
-            print(f"saved {out}")
+            print(f"saved screenshots in {out}")
         finally:
             server.stop()
 

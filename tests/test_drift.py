@@ -145,9 +145,10 @@ def test_profile_and_drift_cli(tiny_dirs, tmp_path, capsys):
     assert main(["drift", "--model", model, "--prompts", str(prompts), "--profile", str(tmp_path / "prof.safetensors"),
                  "--max-new-tokens", "10", "--no-eos", "--out", str(tmp_path / "drift")]) == 0
     out = capsys.readouterr().out
-    assert "by layer x decode depth" in out
+    assert "by absolute position bin x regime" in out and "no prompt has a 'continuation'" in out
     by_depth = pl.read_parquet(tmp_path / "drift" / "by_depth.parquet")
     assert set(by_depth["depth_band"]) == {"prefill", "1-4", "5-16"} and set(by_depth["layer"]) == {0, 1}
+    assert set(by_depth["regime"]) == {"prefill", "decode"}  # no continuation in these prompts
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     other = str(tiny_dirs["gpt2"])

@@ -7,6 +7,8 @@ The public API is this short list; everything else is an implementation detail.
   boundary that runs it.
 - :func:`capture` runs prefill + decode and records every step as a :class:`Trajectory`;
   a frozen :class:`CaptureConfig` says what is recorded and how it samples.
+- :func:`capture_batch` captures many prompts in padded batches, one Trajectory per prompt
+  (greedy; per prompt equal to :func:`capture` within the float32 floor).
 - :class:`Trajectory` holds the tables (Polars) and optional tensors, and saves to /
   loads from a run directory.
 - :class:`StepEvent` is what the streaming callback of :func:`capture` receives.
@@ -25,6 +27,7 @@ The public API is this short list; everything else is an implementation detail.
 """
 
 from trajscope.capture import CaptureConfig, StepEvent, capture
+from trajscope.capture.batch import capture_batch
 from trajscope.errors import TrajscopeError
 from trajscope.export import export
 from trajscope.model import ModelHandle, load_model
@@ -38,7 +41,7 @@ from trajscope.sweep import SweepResult, steering_sweep
 from trajscope.trajectory import Trajectory
 
 __version__ = "0.1.0"
-__all__ = ["load_model", "ModelHandle", "capture", "CaptureConfig", "StepEvent", "Trajectory", "TrajscopeError",
+__all__ = ["load_model", "ModelHandle", "capture", "capture_batch", "CaptureConfig", "StepEvent", "Trajectory", "TrajscopeError",
            "TrajScope", "SteeringVector", "steering_sweep", "SweepResult", "build_profile", "ReferenceProfile",
            "DriftProbe", "SAE", "compare", "Comparison", "export", "eviction", "EvictionResult"]
 

@@ -10,10 +10,19 @@ median |x|), and a drift threshold calibrated to a false-positive rate.
 The drift score of a position at a layer is the diagonal Mahalanobis distance
 to the prefill mean, divided by √d_model so that in-distribution positions
 score about 1: ``m(x) = sqrt(mean_d((x_d − μ_d)² / σ_d²))``. Calibration: the
-prompts are split by a seeded permutation into a fitting part (mean, variance)
-and a held-out part; the threshold of each layer is the ``1 − fpr`` quantile of
-the held-out prefill scores, so a fresh prefill position of the same prompt
-distribution is flagged with probability ≈ ``fpr``.
+prompts are split into a fitting part (mean, variance) and a calibration part —
+named id lists from :func:`trajscope.stats.split_ids`, recorded in the profile's
+``info["split"]`` so that a report can evaluate on the prompts in neither, or by
+default a seeded permutation; the threshold of each layer is the ``1 − fpr``
+quantile of the calibration prompts' prefill scores, so a fresh prefill position
+of the same prompt distribution is flagged with probability ≈ ``fpr``.
+
+Per-(step, layer) flags at rate ``fpr`` add up over a trajectory: 127 steps × 6
+layers flag almost every prefill-like run. :class:`DriftProbe` therefore also
+takes a **trajectory-level threshold** on the run statistic ``max over probed
+(step, layer) of score / threshold[layer]`` (scores in units of their layer's
+per-position threshold, so layers of different spread are comparable),
+calibrated with :func:`trajscope.stats.calibrate_max` on prefill-like runs.
 
 Profiles save to one ``.safetensors`` file (tensors + JSON metadata) and refuse to
 score a model of another width or depth.
@@ -126,13 +135,16 @@ class ReferenceProfile:
 
 
 def profile_from_residuals(residuals: Sequence[dict[int, torch.Tensor]], *, fpr: float = 0.01,
-                           heldout_fraction: float = 0.3, seed: int = 0, info: dict | None = None) -> ReferenceProfile:
+                           heldout_fraction: float = 0.3, seed: int = 0, info: dict | None = None,
+                           fit: Sequence[int] | None = None, calibrate: Sequence[int] | None = None) -> ReferenceProfile:
     """Fit a profile from prefill residuals of many prompts.
 
     Args:
         residuals: per prompt, ``{layer: [n_prefill_positions, d_model]}`` (all layers 0..L-1).
         fpr: target false-positive rate of the calibrated threshold.
-        heldout_fraction: share of prompts used only for calibration.
+        heldout_fraction: share of prompts used only for calibration (when ``fit``/``calibrate`` are not given).
+        fit, calibrate: disjoint indices into ``residuals``: the prompts that fit the moments and those that
+            calibrate the threshold (e.g. from :func:`trajscope.stats.split_ids`); prompts in neither are unused.
     Returns:
         A :class:`ReferenceProfile`.
     """
@@ -141,9 +153,19 @@ def profile_from_residuals(residuals: Sequence[dict[int, torch.Tensor]], *, fpr:
         raise TrajscopeError("A profile needs at least two prompts (one to fit, one to calibrate).")
     if not 0 < fpr < 0.5:
         raise TrajscopeError(f"fpr must be between 0 and 0.5, not {fpr}.")
-    order = np.random.default_rng(seed).permutation(n)
-    n_held = min(n - 1, max(1, int(round(n * heldout_fraction))))
-    held, fit = order[:n_held], order[n_held:]
+    if (fit is None) != (calibrate is None):
+        raise TrajscopeError("Give both fit and calibrate prompt indices, or neither.")
+    if fit is None:
+        order = np.random.default_rng(seed).permutation(n)
+        n_held = min(n - 1, max(1, int(round(n * heldout_fraction))))
+        held, fit = order[:n_held], order[n_held:]
+    else:
+        held, fit = np.asarray(list(calibrate), dtype=np.int64), np.asarray(list(fit), dtype=np.int64)
+        if held.size == 0 or fit.size == 0 or set(held.tolist()) & set(fit.tolist()):
+            raise TrajscopeError("The fit and calibrate prompt sets must both be non-empty and disjoint.")
+        if min(held.min(), fit.min()) < 0 or max(held.max(), fit.max()) >= n:
+            raise TrajscopeError(f"Prompt indices must lie in 0..{n - 1}.")
+        n_held = int(held.size)
     layers = sorted(residuals[0])
     means, vars_, meds, smean, sstd, thr = [], [], [], [], [], []
     for layer in layers:
@@ -162,7 +184,7 @@ def profile_from_residuals(residuals: Sequence[dict[int, torch.Tensor]], *, fpr:
         scores = ((xh - mu).pow(2) / var.clamp_min(1e-12)).mean(-1).sqrt()
         thr.append(torch.quantile(scores, 1.0 - fpr))
     info = dict(info or {}, n_prompts=n, n_fit_prompts=len(fit), n_heldout_prompts=n_held,
-                n_positions=int(sum(residuals[i][layers[0]].shape[0] for i in range(n))), fpr=fpr,
+                n_positions=int(sum(residuals[i][layers[0]].shape[0] for i in [*fit, *held])), fpr=fpr,
                 heldout_fraction=heldout_fraction, seed=seed)
     return ReferenceProfile(mean=torch.stack(means), var=torch.stack(vars_), median_abs=torch.stack(meds),
                             stat_mean=torch.stack(smean), stat_std=torch.stack(sstd), threshold=torch.stack(thr),
@@ -177,19 +199,55 @@ class DriftProbe:
     every ``every`` steps, and at any step whose next-token entropy exceeds
     ``entropy_threshold`` (nats); a step is flagged when its score passes the
     layer's calibrated threshold. Step-level false alarms happen at the profile's
-    ``fpr`` per probed (step, layer); a trajectory counts as flagged when any step is.
+    ``fpr`` per probed (step, layer), so "any step flagged" fires on most long
+    prefill-like runs. With ``trajectory_threshold`` (from :meth:`calibrated`), a
+    run is flagged when its run statistic (:meth:`run_statistic`: max over probed
+    (step, layer) of score / layer threshold) exceeds it; the false-alarm rate on
+    prefill-like runs exchangeable with the calibration runs is then ≤ ``trajectory_rate``.
 
     Attributes:
         profile: the prefill reference.
         layers: probed layers (default: all).
         every: probe every k-th decode step.
         entropy_threshold: also probe when next-token entropy exceeds this (None: never).
+        trajectory_threshold: threshold on the run statistic (None: no trajectory-level flag).
+        trajectory_rate: the false-alarm rate it was calibrated to.
     """
 
     profile: ReferenceProfile
     layers: tuple[int, ...] | None = None
     every: int = 1
     entropy_threshold: float | None = None
+    trajectory_threshold: float | None = None
+    trajectory_rate: float | None = None
+
+    @staticmethod
+    def run_statistic(probe_table: Any) -> float:
+        """Max over a run's probed (step, layer) rows of ``score / threshold`` (a probe table or any frame with both)."""
+        if probe_table.height == 0:
+            raise TrajscopeError("The run has no probed steps, so it has no trajectory statistic.")
+        return float((probe_table["score"] / probe_table["threshold"]).max())
+
+    def calibrated(self, runs: Sequence[Any], target_rate: float) -> "DriftProbe":
+        """This probe with a trajectory-level threshold calibrated on prefill-like runs.
+
+        Args:
+            runs: per calibration run, its ``score / threshold`` ratios over probed (step, layer) (any shape), or
+                its probe table. Use runs disjoint from the profile's fit prompts and from evaluation.
+            target_rate: the false-alarm rate wanted (:func:`trajscope.stats.calibrate_max`).
+        """
+        from trajscope.stats import calibrate_max
+
+        arrays = [np.asarray((r["score"] / r["threshold"]).to_numpy()) if hasattr(r, "columns") else np.asarray(r)
+                  for r in runs]
+        return dataclasses.replace(self, trajectory_threshold=calibrate_max(arrays, target_rate),
+                                   trajectory_rate=float(target_rate))
+
+    def flags_run(self, probe_table: Any) -> bool:
+        """Whether a run's probe table passes the trajectory-level threshold."""
+        if self.trajectory_threshold is None:
+            raise TrajscopeError("This probe has no trajectory-level threshold; calibrate one with DriftProbe.calibrated.")
+        return self.run_statistic(probe_table) > self.trajectory_threshold
 
     def spec(self) -> tuple:
         """Plain tuple for the capture loop: (layers, mean, 1/sd, thresholds, every, entropy threshold)."""
@@ -204,4 +262,5 @@ class DriftProbe:
     def to_dict(self) -> dict[str, Any]:
         return {"layers": list(self.layers) if self.layers is not None else "all", "every": self.every,
                 "entropy_threshold": self.entropy_threshold, "fpr": self.profile.info.get("fpr"),
-                "profile_model": self.profile.info.get("model_id")}
+                "profile_model": self.profile.info.get("model_id"),
+                "trajectory_threshold": self.trajectory_threshold, "trajectory_rate": self.trajectory_rate}

@@ -3,7 +3,9 @@
 One reader, :func:`read_jsonl`, turns a JSON-lines file into items, each checked by
 a converter that may raise one clear error naming the file and line. On top of it:
 
-- :func:`read_prompts`: lines ``{"prompt": str, "id": ..., "split": ...}`` (or a bare JSON string);
+- :func:`read_prompts`: lines ``{"prompt": str, "id": ..., "split": ..., "continuation": str}`` (or a bare
+  JSON string); ``continuation``, when present, is the human text that followed the prompt in its
+  source (the matched baseline that ``trajscope drift`` teacher-forces);
 - :func:`read_pairs`: contrast pairs ``{"positive": str, "negative": str}`` for CAA steering.
 """
 
@@ -43,12 +45,18 @@ def read_jsonl(path: str | pathlib.Path, what: str, convert: Callable[[Any, int]
 
 
 def read_prompts(path: str | pathlib.Path) -> list[dict]:
-    """Prompts from a JSON-lines file: each line ``{"prompt": ..., "id": ...}`` or a JSON string."""
+    """Prompts from a JSON-lines file: each line ``{"prompt": ..., "id": ..., "continuation": ...}`` or a JSON string.
+
+    ``id`` and ``continuation`` are optional; a ``continuation`` must be a non-empty string.
+    """
     def convert(item: Any, n: int) -> dict:
         if isinstance(item, str):
             item = {"prompt": item}
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
             raise TrajscopeError(f"{path}, line {n}: expected a JSON object with a non-empty \"prompt\" string.")
+        cont = item.get("continuation")
+        if cont is not None and (not isinstance(cont, str) or not cont):
+            raise TrajscopeError(f"{path}, line {n}: \"continuation\" must be a non-empty string when given.")
         return item
 
     return read_jsonl(path, "prompt", convert)

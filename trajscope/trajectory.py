@@ -52,10 +52,11 @@ def parquet_metadata(table: str) -> dict[str, str]:
     return {"trajscope_schema": str(SCHEMA_VERSION), "trajscope_table": table}
 
 
-def write_table(df: pl.DataFrame, path: str | os.PathLike, table: str | None = None) -> pathlib.Path:
-    """Write ``df`` as Parquet with the schema metadata (``table`` defaults to the file's stem)."""
+def write_table(df: pl.DataFrame, path: str | os.PathLike, table: str | None = None,
+                extra: dict[str, str] | None = None) -> pathlib.Path:
+    """Write ``df`` as Parquet with the schema metadata (``table`` defaults to the file's stem) plus ``extra`` keys."""
     path = pathlib.Path(path)
-    df.write_parquet(path, metadata=parquet_metadata(table or path.stem))
+    df.write_parquet(path, metadata={**(extra or {}), **parquet_metadata(table or path.stem)})
     return path
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
@@ -52,35 +53,61 @@ def test_cli_harvest_train_and_drift(tmp_path, tiny_dirs, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt": t, "split": s}) for i, (t, s) in enumerate([
         ("def add(a, b):\n    return", "train"), ("import os\nclass Foo:", "train"),
-        ("for i in range(10):\n    print(", "eval")])) + "\n")
+        ("for i in range(10):\n    print(", "eval"), ("with open(path) as fh:\n    data =", "eval")])) + "\n")
     model = str(tiny_dirs["llama"])
     common = ["--model", model, "--prompts", str(prompts), "--layer", "1", "--quiet"]
     assert main(["harvest", *common, "--split", "train", "--max-new-tokens", "12", "--out", str(tmp_path / "ht")]) == 0
     assert main(["harvest", *common, "--split", "eval", "--max-new-tokens", "12", "--out", str(tmp_path / "he")]) == 0
-    for name, frac in (("pre", "0"), ("hyb", "0.5")):
-        assert main(["train-sae", "--harvest", str(tmp_path / "ht"), "--decode-fraction", frac, "--d-sae", "64",
-                     "--k", "4", "--n-tokens", "4096", "--batch-size", "128", "--quiet",
-                     "--out", str(tmp_path / name)]) == 0
-        assert (tmp_path / name / "cfg.json").exists() and (tmp_path / name / "training_log.csv").exists()
-        metrics = json.loads((tmp_path / name / "training_metrics.json").read_text())
+    train = ["--d-sae", "64", "--k", "4", "--n-tokens", "4096", "--batch-size", "128", "--quiet"]
+    assert main(["train-sae", "--harvest", str(tmp_path / "ht"), "--decode-fraction", "0", *train, "--seed", "0,1,2",
+                 "--out", str(tmp_path / "pre-seed{seed}")]) == 0
+    assert main(["train-sae", "--harvest", str(tmp_path / "ht"), "--decode-fraction", "0.5", *train, "--seed", "3",
+                 "--out", str(tmp_path / "hyb")]) == 0
+    pre_dirs = [tmp_path / f"pre-seed{s}" for s in (0, 1, 2)]
+    for name, d, frac, seed in [("pre", d, "0", s) for s, d in enumerate(pre_dirs)] + [("hyb", tmp_path / "hyb", "0.5", 3)]:
+        assert (d / "cfg.json").exists() and (d / "training_log.csv").exists()
+        metrics = json.loads((d / "training_metrics.json").read_text())
         assert metrics["config"]["decode_fraction"] == float(frac) and metrics["tokens"] == 4096
+        assert metrics["config"]["seed"] == seed
+    w0, w1 = (ts.SAE.load(str(d)).W_enc.detach() for d in pre_dirs[:2])
+    assert not torch.equal(w0, w1)  # the seeds really differ
     capsys.readouterr()
-    assert main(["sae-drift", "--harvest", str(tmp_path / "he"), "--model", model, "--quiet",
-                 "--sae", f"pre={tmp_path / 'pre'}", f"hyb={tmp_path / 'hyb'}", "--out", str(tmp_path / "rep")]) == 0
+    assert main(["sae-drift", "--harvest", str(tmp_path / "he"), "--model", model, "--quiet", "--n-boot", "200",
+                 "--n-null", "20", "--sae", "pre=" + ",".join(map(str, pre_dirs)), f"hyb={tmp_path / 'hyb'}",
+                 "--out", str(tmp_path / "rep")]) == 0
     printed = capsys.readouterr().out
-    assert "fvu[pre]" in printed and "fvu[hyb]" in printed and "jaccard_topk" in printed
+    assert "fvu:" in printed and "hyb − pre" in printed and "prefill-vs-prefill null" in printed
+    assert printed.strip() == (tmp_path / "rep" / "sae_drift.txt").read_text().strip()
     table = pl.read_parquet(tmp_path / "rep" / "sae_drift.parquet")
-    assert set(table["sae"].unique()) == {"pre", "hyb"}
-    ref = table.filter((pl.col("group") == "prefill") & (pl.col("sae") == "pre")).row(0, named=True)
-    h = ts.SAE.load(str(tmp_path / "pre"))
+    assert set(table["sae"].unique()) == {"pre", "hyb"} and set(table["seed"].unique()) == {0, 1, 2, 3}
+    assert table["phase"].is_in(["prefill", "decode"]).all()
     from trajscope.metrics.sae_eval import reconstruction_stats
     from trajscope.sae.harvest import Harvest
 
     he = Harvest.load(tmp_path / "he").where(pl.col("phase") == "prefill")
-    want = reconstruction_stats(he.acts, h(he.acts), h.encode(he.acts))
-    assert ref["fvu"] == pytest.approx(want["fvu"]) and ref["l0"] == pytest.approx(want["l0"])
-    assert ref["kl"] >= 0
-    assert pl.read_parquet(tmp_path / "rep" / "sae_overlap.parquet").height >= 4
+    for seed, d in enumerate(pre_dirs):  # the report's point values equal a direct computation, per seed
+        h = ts.SAE.load(str(d))
+        want = reconstruction_stats(he.acts, h(he.acts), h.encode(he.acts))
+        got = {r["metric"]: r for r in table.filter((pl.col("group") == "prefill") & (pl.col("sae") == "pre")
+                                                    & (pl.col("seed") == seed)).iter_rows(named=True)}
+        assert got["fvu"]["value"] == pytest.approx(want["fvu"]) and got["l0"]["value"] == pytest.approx(want["l0"])
+        assert got["fvu"]["lo"] <= got["fvu"]["value"] <= got["fvu"]["hi"] and got["kl"]["value"] >= 0
+    seeds = pl.read_parquet(tmp_path / "rep" / "sae_seeds.parquet").filter(
+        (pl.col("group") == "prefill") & (pl.col("metric") == "fvu"))
+    pre_row = seeds.filter(pl.col("sae") == "pre").row(0, named=True)
+    per_seed = table.filter((pl.col("group") == "prefill") & (pl.col("sae") == "pre") & (pl.col("metric") == "fvu"))
+    assert pre_row["n_seeds"] == 3 and pre_row["seed_range"] == pytest.approx(
+        per_seed["value"].max() - per_seed["value"].min()) and pre_row["seed_range"] > 0
+    assert pre_row["value"] == pytest.approx(per_seed["value"].mean())
+    assert seeds.filter(pl.col("sae") == "hyb")["n_seeds"].to_list() == [1]
+    diff = pl.read_parquet(tmp_path / "rep" / "sae_diff.parquet").filter(
+        (pl.col("group") == "prefill") & (pl.col("metric") == "fvu")).row(0, named=True)
+    hyb_fvu = seeds.filter(pl.col("sae") == "hyb")["value"][0]
+    assert diff["sae"] == "hyb" and diff["base"] == "pre" and diff["diff"] == pytest.approx(hyb_fvu - pre_row["value"])
+    assert np.isnan(diff["seed_floor"]) and diff["verdict"] == "no seed floor"  # hyb has one seed: no floor
+    overlap = pl.read_parquet(tmp_path / "rep" / "sae_overlap.parquet")
+    assert {"null_mean", "null_lo", "null_hi", "observed", "n_matched"} <= set(overlap.columns)
+    assert (overlap["n_matched"] <= overlap["n_dec"]).all()
 
 
 def test_cli_errors_are_one_sentence(tmp_path, capsys, tiny_dirs):
@@ -105,3 +132,19 @@ def test_resampling_points_dead_features_at_badly_reconstructed_inputs():
     torch.testing.assert_close(sae.W_dec[1].detach(), want.detach())
     torch.testing.assert_close(sae.W_dec[4].detach(), want.detach())
     assert torch.equal(sae.W_dec[~dead].detach(), before[~dead]) and float(sae.b_enc.detach()[1]) == 0.0
+
+
+def test_several_seeds_need_a_seed_placeholder_and_valid_seeds(tmp_path, capsys):
+    from trajscope.cli.sae import seed_list, seed_out_dirs
+
+    assert seed_list("0,1, 2") == [0, 1, 2] and seed_out_dirs("a-{seed}", [1, 2]) == ["a-1", "a-2"]
+    assert seed_out_dirs("a", [3]) == ["a"]
+    for bad in ("1,1", "x", "-1"):
+        with pytest.raises(TrajscopeError, match="--seed"):
+            seed_list(bad)
+    rc = main(["train-sae", "--harvest", str(tmp_path), "--seed", "0,1", "--out", str(tmp_path / "sae")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "need '{seed}' in --out" in err and "Traceback" not in err
+    rc = main(["sae-drift", "--harvest", str(tmp_path), "--no-splice", "--sae", f"a={tmp_path}", f"a={tmp_path}",
+               "--out", str(tmp_path / "o")])
+    assert rc == 2 and "is given twice" in capsys.readouterr().err

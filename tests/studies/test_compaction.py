@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 import torch
 
-from conftest import FAMILIES, hf_reference
+from tiny import FAMILIES, hf_reference
 from trajscope.errors import TrajscopeError
 from trajscope.steering import SteeringVector
 from trajscope.studies import compaction_cli
@@ -128,7 +128,7 @@ def test_study_tables_and_a_masked_decode_that_matches_the_forward(tiny_models):
     sessions = short_sessions(12)
     res = compaction(model, sessions, max_new_tokens=3, n_boot=100)
     n3 = sum(tokenize_session(model, s).n_t3 for s in sessions)
-    assert res.states.height == n3 * 5 * model.n_layers and res.next_token.height == n3 * 5
+    assert res.states.height == n3 * 6 * model.n_layers and res.next_token.height == n3 * 6
     assert set(res.decode["setup"]) == {"A", "B", "D"} and res.decode.height == 36
     assert res.probe.height == model.n_layers * 6 * 2
     summ = res.summary(n_boot=100)

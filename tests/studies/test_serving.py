@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 import torch
 
-from conftest import FAMILIES
+from tiny import FAMILIES
 from trajscope.errors import TrajscopeError
 from trajscope.model.forward import numerics
 from trajscope.studies import batching, determinism, prefill, prefix_cache

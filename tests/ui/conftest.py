@@ -70,3 +70,34 @@ def _operator(tmp_path_factory, monkeypatch, _runs_dir):
     operator.SESSIONS = operator.SessionCount()  # killed test servers never report their sessions' end
     yield
     operator.configure(None)
+
+
+@pytest.fixture(autouse=True)
+def _servers():
+    """Stop the Panel servers a test started (browser tests serve the app in-process)."""
+    yield
+    import panel as pn
+
+    pn.state.kill_all_servers()
+
+
+@pytest.fixture
+def app_page(page, sample_model, fresh_models):
+    """The served page on the demo run, the sample model shared; returns ``(page, app)`` (the session's TrajScope)."""
+    from panel.tests.util import serve_component, wait_until
+
+    from trajscope.ui import runner
+    from trajscope.ui.views.app import default_page
+
+    runner._MODELS[("sample", False, None)] = sample_model
+    apps = []
+
+    def make():
+        tpl = default_page()
+        apps.append(tpl._trajscope)
+        return tpl
+
+    serve_component(page, make)
+    page.locator(".ts-generate").wait_for(timeout=90_000)
+    wait_until(lambda: len(apps) == 1, page, timeout=90_000)
+    return page, apps[0]

@@ -11,7 +11,6 @@ import os
 import pathlib
 import time
 
-import panel as pn
 import polars as pl
 import pytest
 
@@ -20,18 +19,11 @@ from trajscope.ui.views.app import TrajScope, default_page
 pytestmark = pytest.mark.ui
 pw = pytest.importorskip("playwright.sync_api")
 from panel.tests.util import serve_component, wait_until  # noqa: E402
+from browser import TITLES  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # the first plot render can take a while on a loaded 2-core machine
 TIMEOUT = 60_000
-TITLES = """() => Bokeh.documents.flatMap(d => [...d.all_models])
-    .filter(m => m.title && m.title.text !== undefined).map(m => m.title.text)"""
-
-
-@pytest.fixture(autouse=True)
-def _servers():
-    yield
-    pn.state.kill_all_servers()
 
 
 def serve(page, **kwargs) -> list[TrajScope]:
@@ -230,3 +222,16 @@ def test_clicking_a_token_or_a_curve_in_the_browser_moves_the_step(page, short_r
     c = curves.bounding_box()
     page.mouse.click(c["x"] + 0.5 * c["width"], c["y"] + 0.5 * c["height"])
     wait_until(lambda: app.state.step > 0, page, timeout=TIMEOUT)  # somewhere mid-run on the telemetry plot
+
+
+def test_the_page_requests_nothing_outside_its_server(page, short_run_dir):
+    """Newcomer item: no Google Fonts or CDN request; every tab draws from the server's own resources."""
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
+    serve(page, run_dir=short_run_dir)
+    wait_until(lambda: page.locator("canvas").count() >= 3, page, timeout=TIMEOUT)
+    for tab in ("Attention", "SAE features", "Drift", "Steering", "Eviction", "Export", "Overview"):
+        page.locator(".bk-tab", has_text=tab).click()
+        time.sleep(0.5)
+    outside = [u for u in requested if not u.startswith(("http://localhost", "ws://localhost", "data:", "blob:"))]
+    assert requested and not outside, outside

@@ -5,9 +5,11 @@ import inspect
 import param
 import pytest
 
+import trajscope.ui.compaction_state
 import trajscope.ui.state
 import trajscope.ui.views.app
 import trajscope.ui.views.attention
+import trajscope.ui.views.compaction
 import trajscope.ui.views.controls
 import trajscope.ui.views.export
 import trajscope.ui.views.feature_card
@@ -17,7 +19,7 @@ import trajscope.ui.views.player
 import trajscope.ui.views.telemetry
 import trajscope.ui.views.tokens
 
-MODULES = [trajscope.ui.state, trajscope.ui.views.app, trajscope.ui.views.attention, trajscope.ui.views.controls,
+MODULES = [trajscope.ui.state, trajscope.ui.compaction_state, trajscope.ui.views.compaction, trajscope.ui.views.app, trajscope.ui.views.attention, trajscope.ui.views.controls,
            trajscope.ui.views.export, trajscope.ui.views.feature_card,
            trajscope.ui.views.features, trajscope.ui.views.keys, trajscope.ui.views.player,
            trajscope.ui.views.telemetry, trajscope.ui.views.tokens]

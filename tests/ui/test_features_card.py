@@ -50,7 +50,7 @@ def test_clicking_a_top_feature_shows_its_contexts_and_density(run):
     ex = index.contexts(f)
     assert len(ex) == 8 and page.count("<tr>") == 1 + len(ex)
     for r in ex.iter_rows(named=True):
-        assert f"<mark title='pos {r['pos']}'>{html.escape(r['token'].replace(chr(10), '↵'))}</mark>" in page
+        assert f"<mark title='pos {r['pos']}'>{html.escape(r['token'].replace(chr(10), '↵')).replace(' ', '·')}</mark>" in page
         assert f"<td>{r['value']:.3g}</td>" in page
     d = index.density_of(f)
     text = view.card.density(f, view.card.index, view.card.run_density)
@@ -135,3 +135,9 @@ def test_contexts_escape_token_text():
     page = fp.contexts_html(ex)
     assert "<script>" not in page and "&lt;script&gt;" in page and "x &amp;↵" in page and "&lt;/td&gt;" in page
     assert "a&lt;b" in page
+
+
+def test_a_whitespace_token_is_visible_in_its_context():
+    ex = pl.DataFrame({"feature": [1], "rank": [0], "value": [2.5], "prompt_id": ["p"], "pos": [3], "step": [0],
+                       "phase": ["prefill"], "token": ["    "], "left": [["def f():", "\n"]], "right": [["return"]]})
+    assert "<mark title='pos 3'>····</mark>" in fp.contexts_html(ex)

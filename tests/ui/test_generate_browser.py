@@ -8,51 +8,17 @@ from __future__ import annotations
 
 import time
 
-import panel as pn
 import pytest
 
-from trajscope.ui.views.app import default_page
 
 pytestmark = pytest.mark.ui
 pw = pytest.importorskip("playwright.sync_api")
-from panel.tests.util import serve_component, wait_until  # noqa: E402
+from panel.tests.util import wait_until  # noqa: E402
+from browser import TITLES, set_field  # noqa: E402
 
 TIMEOUT = 90_000
 LONGTASKS = """() => { window.__lt = []; new PerformanceObserver(l => { for (const e of l.getEntries())
     window.__lt.push([e.startTime, e.duration]); }).observe({entryTypes: ['longtask']}); }"""
-TITLES = """() => Bokeh.documents.flatMap(d => [...d.all_models])
-    .filter(m => m.title && m.title.text !== undefined).map(m => m.title.text)"""
-
-
-@pytest.fixture(autouse=True)
-def _servers():
-    yield
-    pn.state.kill_all_servers()
-
-
-@pytest.fixture
-def app_page(page, sample_model, fresh_models):
-    """The served page on the demo run; returns ``(page, app)`` (the session's TrajScope)."""
-    from trajscope.ui import runner
-
-    runner._MODELS[("sample", False, None)] = sample_model
-    apps = []
-
-    def make():
-        tpl = default_page()
-        apps.append(tpl._trajscope)
-        return tpl
-
-    serve_component(page, make)
-    page.locator(".ts-generate").wait_for(timeout=TIMEOUT)
-    wait_until(lambda: len(apps) == 1, page, timeout=TIMEOUT)
-    return page, apps[0]
-
-
-def set_field(page, label: str, value) -> None:
-    box = page.get_by_label(label, exact=True)
-    box.fill(str(value))
-    box.press("Enter")
 
 
 def generate(page, app, n: int, prompt: str = "class Stack:\n    def push(self, x):\n") -> None:

@@ -8,7 +8,6 @@ flags are set in ``conftest.py``).
 
 from __future__ import annotations
 
-import panel as pn
 import pytest
 
 from trajscope.ui.views.app import default_page
@@ -20,12 +19,6 @@ from panel.tests.util import serve_component, wait_until  # noqa: E402
 TIMEOUT = 90_000
 N_MODELS = "() => Bokeh.documents.map(d => d.all_models.size).reduce((a, b) => a + b, 0)"
 HEAP = "() => { window.gc(); return performance.memory.usedJSHeapSize; }"
-
-
-@pytest.fixture(autouse=True)
-def _servers():
-    yield
-    pn.state.kill_all_servers()
 
 
 @pytest.fixture

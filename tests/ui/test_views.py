@@ -377,3 +377,20 @@ def test_live_figure_shows_the_run_on_screen_between_generations(short_run):
     assert abs(data["attn_entropy"][3] - want) < 1e-6
     app.live.reset()  # Generate pressed: the figure empties and streams the new run
     assert app.live.source.data["step"] == []
+
+
+def test_hidden_tabs_defer_their_analyses_until_opened(sample_model, fresh_models):
+    """A new run costs the SAE and Drift tabs nothing while they are hidden; opening one runs its analysis."""
+    runner._MODELS[("sample", False, None)] = sample_model
+    app = TrajScope(max_new_tokens=6, prompt="import sys\n")
+    app.main()  # lays out the tabs: Overview shown, the rest hidden
+    assert app.telemetry.shown and not app.features.shown and not app.drift.shown
+    wait_job(app.controls.generate(dispatch=lambda fn: fn()))
+    traj = app.state.trajectory
+    assert app.features._enc is None and app.drift.settings.drift is None  # nothing computed for hidden tabs
+    titles = [t for t, _ in zip(app.tabs._names, app.tabs)]
+    app.tabs.active = titles.index("SAE features")
+    assert app.features._enc is not None and app.features._enc["rel_err"].shape[0] == traj.residual(3).shape[0]
+    assert app.drift.settings.drift is None
+    app.tabs.active = titles.index("Drift")
+    assert app.drift.settings.drift is not None and app.drift.settings.drift["pos"].max() >= traj.prompt_len

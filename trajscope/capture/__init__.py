@@ -118,31 +118,9 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
     P = len(ids)
     N = cfg.max_new_tokens
     model.check_fits(P, N)
-    for vec in cfg.steering:
-        vec.validate(model.n_layers, model.d_model, N)
-    res_layers = resolve_layers(cfg.residual_layers, model.n_layers, "residual_layers")
-    row_layers = resolve_layers(cfg.attention_layers, model.n_layers, "attention_layers")
-    probe_spec = None
-    if cfg.probe is not None:
-        cfg.probe.profile.check_model(model.n_layers, model.d_model, model.model_id)
-        probe_spec = cfg.probe.spec()
-        resolve_layers(probe_spec[0], model.n_layers, "probe layers")
-    sae_spec = attachments.sae_spec(model, cfg.sae, cfg.sae_top_k)
+    res_layers, row_layers, probe_spec, sae_spec = prepare(model, cfg)
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-    meta = {
-        "run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "prompt": prompt if isinstance(prompt, str) else None, "prompt_len": P,
-        "sampling": cfg.sampling, "model": model.describe(), "versions": library_versions(),
-        "capture": cfg.to_dict(), "residual_layers": res_layers, "attention_layers": row_layers,
-        "top_k_keys": cfg.top_k_keys, "top_k_tokens": cfg.top_k_tokens,
-        "attention_prefill_rows": P if (cfg.prefill_row_limit is None or model.attn_impl == "eager")
-        else min(P, cfg.prefill_row_limit),
-        "steering": [v.to_dict() for v in cfg.steering],
-        "probe": cfg.probe.to_dict() if cfg.probe is not None else None,
-        "sae": None if cfg.sae is None else {"layer": sae_spec[0], "top_k": cfg.sae_top_k, "d_sae": cfg.sae.cfg.d_sae,
-                                             "architecture": cfg.sae.cfg.architecture,
-                                             "hook_name": cfg.sae.cfg.hook_name},
-    }
+    meta = run_meta(model, cfg, prompt, P, run_id, res_layers, row_layers, sae_spec)
     gen_kwargs = _gen_kwargs(model, cfg)
     criterion = None
     if cancel is not None and model.remote is not True:
@@ -192,7 +170,52 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
             stop_reason = "eos"
         else:
             stop_reason = "max_new_tokens"
-    traj = _assemble(model, meta, records, final_ids, final["lp"], res_layers, row_layers, stop_reason)
+    traj = finish(model, cfg, meta, records, final_ids, final["lp"], stop_reason, probe_spec, sae_spec)
+    if on_step is not None and model.remote:
+        for rec in records:
+            on_step(_event(model, rec, N, lambda: traj))
+    return traj
+
+
+def prepare(model: ModelHandle, cfg: CaptureConfig) -> tuple[list[int], list[int], tuple | None, tuple | None]:
+    """Check a config against the model: ``(residual layers, attention layers, probe spec, SAE spec)``."""
+    for vec in cfg.steering:
+        vec.validate(model.n_layers, model.d_model, cfg.max_new_tokens)
+    res_layers = resolve_layers(cfg.residual_layers, model.n_layers, "residual_layers")
+    row_layers = resolve_layers(cfg.attention_layers, model.n_layers, "attention_layers")
+    probe_spec = None
+    if cfg.probe is not None:
+        cfg.probe.profile.check_model(model.n_layers, model.d_model, model.model_id)
+        probe_spec = cfg.probe.spec()
+        resolve_layers(probe_spec[0], model.n_layers, "probe layers")
+    return res_layers, row_layers, probe_spec, attachments.sae_spec(model, cfg.sae, cfg.sae_top_k)
+
+
+def run_meta(model: ModelHandle, cfg: CaptureConfig, prompt: str | Sequence[int], P: int, run_id: str,
+             res_layers: list[int], row_layers: list[int], sae_spec: tuple | None) -> dict:
+    """What a capture's ``meta.json`` records before the run (settings, model, versions)."""
+    return {
+        "run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "prompt": prompt if isinstance(prompt, str) else None, "prompt_len": P,
+        "sampling": cfg.sampling, "model": model.describe(), "versions": library_versions(),
+        "capture": cfg.to_dict(), "residual_layers": res_layers, "attention_layers": row_layers,
+        "top_k_keys": cfg.top_k_keys, "top_k_tokens": cfg.top_k_tokens,
+        "attention_prefill_rows": P if (cfg.prefill_row_limit is None or model.attn_impl == "eager")
+        else min(P, cfg.prefill_row_limit),
+        "steering": [v.to_dict() for v in cfg.steering],
+        "probe": cfg.probe.to_dict() if cfg.probe is not None else None,
+        "sae": None if cfg.sae is None else {"layer": sae_spec[0], "top_k": cfg.sae_top_k, "d_sae": cfg.sae.cfg.d_sae,
+                                             "architecture": cfg.sae.cfg.architecture,
+                                             "hook_name": cfg.sae.cfg.hook_name},
+    }
+
+
+def finish(model: ModelHandle, cfg: CaptureConfig, meta: dict, records: list[StepRecord], final_ids: list[int] | None,
+           final_lp: torch.Tensor | None, stop_reason: str, probe_spec: tuple | None,
+           sae_spec: tuple | None) -> Trajectory:
+    """The Trajectory of a finished run: tables from the step records, then the steering, SAE and probe parts."""
+    traj = _assemble(model, meta, records, final_ids, final_lp, meta["residual_layers"], meta["attention_layers"],
+                     stop_reason)
     traj.tensors.update({f"steering.{i}": v.direction for i, v in enumerate(cfg.steering)})
     if sae_spec is not None:
         traj.features, traj.tokens = attachments.feature_tables(traj, records, sae_spec[0],
@@ -202,9 +225,9 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
         traj.meta["probe"].update(n_probed=traj.probe["step"].n_unique(),
                                   n_flagged_steps=traj.probe.filter("flagged")["step"].n_unique(),
                                   flagged=bool(traj.probe["flagged"].any()))
-    if on_step is not None and model.remote:
-        for rec in records:
-            on_step(_event(model, rec, N, lambda: traj))
+        if cfg.probe.trajectory_threshold is not None and traj.probe.height:
+            traj.meta["probe"].update(run_statistic=cfg.probe.run_statistic(traj.probe),
+                                      trajectory_flagged=cfg.probe.flags_run(traj.probe))
     return traj
 
 

@@ -2,7 +2,8 @@
 
 ``capture`` runs one prompt (``--prompt``) or a JSON-lines file of prompts
 (``--prompts``), optionally steered (``--steer FILE``), and writes one run
-directory per prompt under ``--out`` (names made safe: a prompt id such as
+directory per prompt under ``--out`` (``--batch-size N`` decodes N prompts together, padded on
+``--padding-side``: :mod:`trajscope.capture.batch`; names made safe: a prompt id such as
 ``a/b:c`` becomes ``a_b_c``; the id itself stays in ``meta.json``), so the folder
 reads as one dataset (``pl.scan_parquet("OUT/*/attention.parquet")``). A progress
 bar follows the decode steps; Ctrl-C saves the steps captured so far and stops.
@@ -31,6 +32,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     out = opt.out_dir(args.out)
     config = opt.capture_config(args)
     model = opt.load(args)
+    if args.batch_size != 1:
+        return _capture_batched(args, items, config, model, out)
     interrupted = False
     outer = tqdm(items, desc="prompts", unit="prompt", disable=len(items) == 1 or args.quiet)
     for i, item in enumerate(outer):
@@ -56,6 +59,36 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if interrupted:
         print("Interrupted: the steps captured so far were saved.", file=sys.stderr)
         return 130
+    return 0
+
+
+def _capture_batched(args: argparse.Namespace, items: list[dict], config, model, out: pathlib.Path) -> int:
+    """``--batch-size N > 1``: :func:`trajscope.capture.batch.capture_batch`, one batch at a time, each batch's
+    runs saved as soon as it finishes (Ctrl-C keeps the finished batches)."""
+    from tqdm.auto import tqdm
+
+    from trajscope.capture.batch import capture_batch
+
+    if any("max_new_tokens" in item or "seed" in item for item in items):
+        raise TrajscopeError("A batched capture shares one max_new_tokens and seed; remove them from the prompt "
+                             "file or use --batch-size 1.")
+    n = args.batch_size
+    bar = tqdm(total=len(items), desc="prompts", unit="prompt", disable=args.quiet)
+    try:
+        for start in range(0, len(items), n):
+            group = items[start:start + n]
+            trajs = capture_batch(model, [item["prompt"] for item in group], config, batch_size=n,
+                                  padding_side=args.padding_side,
+                                  run_ids=[str(it["id"]) if it.get("id") is not None else None for it in group])
+            for traj in trajs:
+                path = traj.save(out / opt.run_dir_name(traj.run_id))
+                print(f"{path}  ({traj.meta['n_generated']} tokens, stop: {traj.meta['stop_reason']})", file=sys.stderr)
+            bar.update(len(group))
+    except KeyboardInterrupt:
+        print("Interrupted: the finished batches were saved.", file=sys.stderr)
+        return 130
+    finally:
+        bar.close()
     return 0
 
 
@@ -124,6 +157,9 @@ def register(sub) -> None:
     opt.add_sampling(c)
     opt.add_layers(c)
     opt.add_steering(c)
+    c.add_argument("--batch-size", type=int, default=1, help="prompts decoded together in one padded batch "
+                   "(greedy, unsteered; per prompt equal to batch 1 within the float32 floor)")
+    c.add_argument("--padding-side", choices=("left", "right"), default="left", help="padding of those batches")
     opt.add_out(c, "folder that receives one run directory per prompt")
     opt.add_quiet(c)
     c.set_defaults(func=cmd_capture)

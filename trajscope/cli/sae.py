@@ -5,10 +5,12 @@
 - ``trajscope train-sae``: train a prefill-only (``--decode-fraction 0``) or hybrid
   SAE on one or more harvests; writes the SAELens-format SAE, ``training_log.csv``
   (loss curve) and ``training_metrics.json``.
-- ``trajscope sae-drift``: the prefill→decode report — prints reconstruction by
-  decode depth and next-token-entropy band for every SAE side by side, and the
-  feature overlap; writes ``sae_drift.parquet``, ``sae_overlap.parquet`` and
-  ``sae_drift_wide.parquet``.
+- ``trajscope sae-drift``: the prefill→decode report (:mod:`trajscope.sae.reconstruction`)
+  — reconstruction by phase, decode depth, entropy band and position bin for every
+  training mix and seed, with prompt-clustered intervals, the seed spread and the
+  mix differences, and the feature overlap beside its matched-n null; writes
+  ``sae_drift.parquet``, ``sae_seeds.parquet``, ``sae_diff.parquet``,
+  ``sae_overlap.parquet``, ``sae_drift.json`` and ``sae_drift.txt``.
 - ``trajscope sae-index``: the feature index (top-activating contexts and prefill/decode
   density of every feature over a prompt set, :mod:`trajscope.sae.index`), written
   beside the SAE (or to ``--out``).
@@ -52,13 +54,33 @@ def cmd_harvest(args: argparse.Namespace) -> int:
 
     h = harvest(model, items, args.layer, max_new_tokens=args.max_new_tokens, n_sampled=args.n_sampled,
                 temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop_at_eos=args.stop_at_eos,
-                greedy=not args.no_greedy, engine=args.engine, on_capture=on_capture)
+                greedy=not args.no_greedy, engine=args.engine, on_capture=on_capture,
+                batch_size=args.batch_size, padding_side=args.padding_side)
     bar.close()
     h.meta.update(prompts=args.prompts, split=args.split)
     path = h.save(opt.out_dir(args.out))
     counts = h.rows.group_by("phase").len().sort("phase")
     print(f"{path}: {len(h)} rows at layer {h.layer} ({dict(counts.iter_rows())})", file=sys.stderr)
     return 0
+
+
+def seed_list(text: str) -> list[int]:
+    """Seeds from ``"0"`` or ``"0,1,2"`` (distinct non-negative integers), one clear error otherwise."""
+    try:
+        seeds = [int(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise TrajscopeError(f"--seed takes integers separated by commas (e.g. 0,1,2), not '{text}'.") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise TrajscopeError(f"--seed needs distinct non-negative integers (e.g. 0,1,2), not '{text}'.")
+    return seeds
+
+
+def seed_out_dirs(out: str, seeds: list[int]) -> list[str]:
+    """One output directory per seed: ``out`` with ``{seed}`` filled in (required when there are several seeds)."""
+    if len(seeds) > 1 and "{seed}" not in out:
+        raise TrajscopeError(f"Several seeds ({','.join(map(str, seeds))}) need '{{seed}}' in --out so each SAE gets "
+                             f"its own directory, e.g. --out 'sae-hybrid-seed{{seed}}'.")
+    return [out.replace("{seed}", str(s)) for s in seeds]
 
 
 def cmd_train_sae(args: argparse.Namespace) -> int:
@@ -69,66 +91,60 @@ def cmd_train_sae(args: argparse.Namespace) -> int:
     from trajscope.sae.train import TrainConfig, train_sae
 
     opt.threads(args.threads)
+    seeds = seed_list(args.seed)
+    outs = seed_out_dirs(args.out, seeds)
     harvests = [Harvest.load(p) for p in args.harvest]
     layers = {h.layer for h in harvests}
     if len(layers) != 1:
         raise TrajscopeError(f"The harvests come from different layers ({sorted(layers)}); train on one layer.")
+    layer = layers.pop()
     pre = torch.cat([h.where(pl.col("phase") == "prefill").acts for h in harvests])
     dec = torch.cat([h.where(pl.col("phase") == "decode").acts for h in harvests])
-    cfg = TrainConfig(architecture=args.architecture, d_sae=args.d_sae, k=args.k, l1_coefficient=args.l1,
-                      decode_fraction=args.decode_fraction, n_tokens=args.n_tokens, batch_size=args.batch_size,
-                      lr=args.lr, seed=args.seed)
-    out = opt.out_dir(args.out)
     meta = {"model_name": harvests[0].meta.get("model"), "model_revision": harvests[0].meta.get("revision"),
             "harvests": [str(p) for p in args.harvest], "n_prefill_rows": int(pre.shape[0]),
             "n_decode_rows": int(dec.shape[0]), "trained_with": "trajscope train-sae"}
-    sae, curve = train_sae(pre, dec, cfg, layer=layers.pop(), metadata=meta, log_csv=out / "training_log.csv",
-                           progress=not args.quiet)
-    sae.save(str(out))
-    last = curve.tail(max(1, len(curve) // 10)).mean().to_dicts()[0]
-    metrics = {"final_train_fvu_batch": last["fvu"], "final_l0": last["l0"], "final_dead_fraction": last["dead"],
-               "steps": int(curve["step"].max()) + 1, "tokens": int(curve["tokens"].max()),
-               "seconds": float(curve["seconds"].max()), **meta, "config": cfg.to_dict()}
-    (out / "training_metrics.json").write_text(json.dumps(metrics, indent=1), encoding="utf-8")
-    print(f"{out}: {sae!r}; last-10% batch FVU {last['fvu']:.3f}, L0 {last['l0']:.1f}, "
-          f"dead {last['dead']:.3f}, {metrics['seconds']:.0f} s", file=sys.stderr)
+    for seed, out_text in zip(seeds, outs):  # same pools, same budget; only the seed differs
+        cfg = TrainConfig(architecture=args.architecture, d_sae=args.d_sae, k=args.k, l1_coefficient=args.l1,
+                          decode_fraction=args.decode_fraction, n_tokens=args.n_tokens, batch_size=args.batch_size,
+                          lr=args.lr, seed=seed)
+        out = opt.out_dir(out_text)
+        sae, curve = train_sae(pre, dec, cfg, layer=layer, metadata=meta, log_csv=out / "training_log.csv",
+                               progress=not args.quiet)
+        sae.save(str(out))
+        last = curve.tail(max(1, len(curve) // 10)).mean().to_dicts()[0]
+        metrics = {"final_train_fvu_batch": last["fvu"], "final_l0": last["l0"], "final_dead_fraction": last["dead"],
+                   "steps": int(curve["step"].max()) + 1, "tokens": int(curve["tokens"].max()),
+                   "seconds": float(curve["seconds"].max()), **meta, "config": cfg.to_dict()}
+        (out / "training_metrics.json").write_text(json.dumps(metrics, indent=1), encoding="utf-8")
+        print(f"{out}: {sae!r} (seed {seed}); last-10% batch FVU {last['fvu']:.3f}, L0 {last['l0']:.1f}, "
+              f"dead {last['dead']:.3f}, {metrics['seconds']:.0f} s", file=sys.stderr)
     return 0
 
 
-def _parse_saes(items: list[str]) -> dict[str, str]:
-    out = {}
+def _parse_saes(items: list[str]) -> dict[str, list[str]]:
+    """``NAME=DIR[,DIR...]`` (or ``DIR``) → {name: [dirs]}; several dirs are seed replicates of one mix."""
+    out: dict[str, list[str]] = {}
     for item in items:
-        name, _, path = item.partition("=")
-        if not path:
-            name, path = pathlib.Path(item).name, item
-        out[name] = path
+        name, _, paths = item.partition("=")
+        if not paths:
+            name, paths = pathlib.Path(item).name, item
+        if name in out:
+            raise TrajscopeError(f"SAE name '{name}' is given twice; list its seed replicates as {name}=DIR1,DIR2.")
+        out[name] = [p for p in paths.split(",") if p]
     return out
-
-
-def format_table(df: Any, digits: int = 4) -> str:
-    """A plain fixed-width text rendering of a small Polars frame (what the CLI prints)."""
-    cols = df.columns
-    cells = [[c for c in cols]]
-    for row in df.iter_rows():
-        cells.append(["" if v is None else f"{v:.{digits}g}" if isinstance(v, float) else str(v) for v in row])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
-    lines = ["  ".join(r[i].rjust(widths[i]) if i > 1 else r[i].ljust(widths[i]) for i in range(len(cols)))
-             for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def cmd_sae_drift(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    from trajscope.metrics.sae_eval import side_by_side
-    from trajscope.sae.model import SAE
-    from trajscope.sae.reconstruction import reconstruction_report
     from trajscope.sae.harvest import Harvest
+    from trajscope.sae.model import SAE
+    from trajscope.sae.reconstruction import format_report, reconstruction_report
 
     opt.threads(args.threads)
+    dirs = _parse_saes(args.sae)  # argument errors before any loading
     h = Harvest.load(args.harvest)
-    saes = {name: SAE.load(path) for name, path in _parse_saes(args.sae).items()}
+    saes = {name: [SAE.load(p) for p in paths] for name, paths in dirs.items()}
     model = None if args.no_splice else opt.load(args)
     bars: dict[str, Any] = {}
 
@@ -140,19 +156,18 @@ def cmd_sae_drift(args: argparse.Namespace) -> int:
         if done == total:
             bar.close()
 
-    table, overlap = reconstruction_report(h, saes, model=model, overlap_k=args.overlap_k, progress=progress)
-    wide = side_by_side(table, args.metrics.split(","))
+    rep = reconstruction_report(h, saes, model=model, overlap_k=args.overlap_k, n_boot=args.n_boot,
+                                n_null=args.n_null, seed=args.seed, progress=progress)
     out = opt.out_dir(args.out)
-    write_table(table, out / "sae_drift.parquet")
-    write_table(wide, out / "sae_drift_wide.parquet")
-    write_table(overlap, out / "sae_overlap.parquet")
-    print(f"SAE drift at layer {h.layer}: {h.meta.get('n_prompts')} prompts, {len(h)} rows "
-          f"({h.meta.get('split', '?')} split); prefill is the reference row.\n")
-    print(format_table(wide))
-    print("\nFeature overlap, prefill vs decode (top-k by frequency, k=%d):\n" % args.overlap_k)
-    print(format_table(overlap))
-    print(f"\nwrote {out / 'sae_drift.parquet'}, {out / 'sae_drift_wide.parquet'}, {out / 'sae_overlap.parquet'}",
-          file=sys.stderr)
+    files = {"sae_drift.parquet": rep.drift, "sae_seeds.parquet": rep.seeds, "sae_diff.parquet": rep.diffs,
+             "sae_overlap.parquet": rep.overlap}
+    for fname, table in files.items():
+        write_table(table, out / fname)
+    (out / "sae_drift.json").write_text(json.dumps(rep.info, indent=1), encoding="utf-8")
+    text = format_report(rep, metrics=args.metrics.split(","))
+    (out / "sae_drift.txt").write_text(text + "\n", encoding="utf-8")
+    print(text)
+    print(f"wrote {', '.join(str(out / f) for f in [*files, 'sae_drift.json', 'sae_drift.txt'])}", file=sys.stderr)
     return 0
 
 
@@ -206,6 +221,8 @@ def register(sub: Any) -> None:
     h.add_argument("--seed", type=int, default=0)
     h.add_argument("--stop-at-eos", action="store_true", help="end continuations at EOS (default: run to the limit)")
     h.add_argument("--engine", choices=("capture", "forward"), default="capture")
+    h.add_argument("--batch-size", type=int, default=1, help="sequences per reading forward (needs --engine forward)")
+    h.add_argument("--padding-side", choices=("left", "right"), default="right", help="padding of those batches")
     h.add_argument("--device", default=None)
     h.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     h.add_argument("--out", required=True)
@@ -224,9 +241,10 @@ def register(sub: Any) -> None:
     t.add_argument("--n-tokens", type=int, default=1_000_000, help="training rows (the budget)")
     t.add_argument("--batch-size", type=int, default=1024)
     t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", default="0", help="seed, or several (0,1,2) to train one SAE per seed on the same data "
+                   "and budget (replicates for the seed-to-seed noise floor; --out must then contain {seed})")
     t.add_argument("--threads", type=int, default=None)
-    t.add_argument("--out", required=True)
+    t.add_argument("--out", required=True, help="output directory; '{seed}' in it is replaced by the seed")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_train_sae)
 
@@ -236,11 +254,17 @@ def register(sub: Any) -> None:
                     "trajscope sae-drift --harvest h-eval/ --sae prefill=sample_data/saes/layer3-prefill-only "
                     "--out sae-report/")
     d.add_argument("--harvest", required=True, help="harvest directory to evaluate on (e.g. the eval prompts)")
-    d.add_argument("--sae", nargs="+", required=True, help="NAME=DIR (or DIR) of SAELens-format SAEs")
+    d.add_argument("--sae", nargs="+", required=True,
+                   help="NAME=DIR[,DIR...] (or DIR) of SAELens-format SAEs; several DIRs are seed replicates of one "
+                        "training mix (their spread is the noise floor); the first NAME is the base of differences")
     d.add_argument("--model", default="sample", help="model for the spliced-in KL / CE increase")
     d.add_argument("--no-splice", action="store_true", help="skip the spliced forward (no model needed)")
     d.add_argument("--overlap-k", type=int, default=64)
-    d.add_argument("--metrics", default="fvu,fvu_uncentred,cos,l0,kl,ce_increase")
+    d.add_argument("--metrics", default="fvu,fvu_uncentred,cos,kl,ce_increase,dead,dense",
+                   help="metrics printed (all are in the Parquet files)")
+    d.add_argument("--n-boot", type=int, default=1000, help="prompt-bootstrap resamples per interval")
+    d.add_argument("--n-null", type=int, default=200, help="prefill-vs-prefill draws per matched-n null")
+    d.add_argument("--seed", type=int, default=0, help="seed of the resampling")
     d.add_argument("--device", default=None)
     d.add_argument("--threads", type=int, default=None)
     d.add_argument("--out", required=True)

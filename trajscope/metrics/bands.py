@@ -4,6 +4,9 @@ Depth bands group decode steps on a ×4 scale, ``prefill`` (step 0), ``1-4``,
 ``5-16``, ``17-64``, ``65-256``, ``257+``, with single steps 1, 8, 50 and 200
 reported on their own where a table has room. Entropy bands cut the next-token
 entropy (nats) at 0.5, 1.5 and 3: ``0-0.5``, ``0.5-1.5``, ``1.5-3``, ``3+``.
+Position bins cut the absolute token position at 32, 64, 128 and 256: ``0-31``,
+``32-63``, ``64-127``, ``128-255``, ``256+``; a report compares prefill and decode
+rows inside the same bin, so depth is not read as a position effect.
 Scalar functions label one value; the ``*_expr`` versions label a Polars column.
 """
 
@@ -17,6 +20,8 @@ DEPTH_STEPS = (1, 8, 50, 200)
 DEPTH_BANDS = ((1, 4), (5, 16), (17, 64), (65, 256), (257, None))
 ENTROPY_EDGES = (0.5, 1.5, 3.0)
 DEPTH_ORDER = ("prefill",) + tuple(f"{lo}-{hi}" if hi is not None else f"{lo}+" for lo, hi in DEPTH_BANDS)
+POSITION_BINS = ((0, 31), (32, 63), (64, 127), (128, 255), (256, None))
+POSITION_ORDER = tuple(f"{lo}-{hi}" if hi is not None else f"{lo}+" for lo, hi in POSITION_BINS)
 ENTROPY_ORDER = tuple(f"{lo:g}-{hi:g}" for lo, hi in zip((0.0, *ENTROPY_EDGES), ENTROPY_EDGES)) + (f"{ENTROPY_EDGES[-1]:g}+",)
 
 
@@ -54,3 +59,22 @@ def depth_band_expr(step: pl.Expr) -> pl.Expr:
 def entropy_band_expr(entropy: pl.Expr) -> pl.Expr:
     """:func:`entropy_band` of a Polars column of entropies (nats); null stays null."""
     return entropy.cut(list(ENTROPY_EDGES), labels=list(ENTROPY_ORDER), left_closed=True).cast(pl.String)
+
+
+def position_bin(pos: int | None) -> str | None:
+    """Label of an absolute position's bin: ``"0-31"``, ``"32-63"``, ``"64-127"``, ``"128-255"``, ``"256+"``."""
+    if pos is None or pos < 0:
+        return None
+    for (lo, hi), name in zip(POSITION_BINS, POSITION_ORDER):
+        if pos >= lo and (hi is None or pos <= hi):
+            return name
+    return None
+
+
+def position_bin_expr(pos: pl.Expr) -> pl.Expr:
+    """:func:`position_bin` of a Polars column of positions (negative or null → null)."""
+    expr = pl.when(pos < 0).then(pl.lit(None, dtype=pl.String))
+    for (lo, hi), name in zip(POSITION_BINS, POSITION_ORDER):
+        cond = pos >= lo if hi is None else pos.is_between(lo, hi)
+        expr = expr.when(cond).then(pl.lit(name))
+    return expr.otherwise(pl.lit(None, dtype=pl.String))

@@ -18,6 +18,15 @@ row when its activation is > 0):
   distributions over features, ``q_i = (c_i + α) / Σ_j (c_j + α)``, in nats.
 - appear / vanish: features with count 0 in prefill and ≥ ``min_count`` in decode
   (appear after the prompt ends), and the reverse (vanish).
+
+Every one of these moves with sample size alone (a 48-row set has fewer active
+features than a 12,000-row set, so its top-k set is noisier and more features look
+absent). :func:`matched_overlap` therefore reads each prefill-vs-decode number against
+a **matched-n null** (:func:`trajscope.stats.matched_null`): two prompt-disjoint
+prefill samples of the same n rows. The observed side is computed at the same n
+(prefill sample a, the same draws as the null's, against n decode rows), so observed
+and null differ only in where the second sample comes from. The dead / dense feature
+fractions of a sample (density 0 / > 1%) get the same treatment.
 """
 
 from __future__ import annotations
@@ -26,7 +35,11 @@ import numpy as np
 import polars as pl
 import torch
 
+from trajscope.stats import matched_null
+
 ALPHA = 0.5
+NULL_METRICS = ("jaccard_topk", "spearman", "frequency_kl", "mean_abs_log2_rate_ratio", "n_appear", "n_vanish",
+                "dead", "dense")
 
 
 def activation_counts(f: torch.Tensor) -> np.ndarray:
@@ -137,3 +150,76 @@ def feature_table(f_pre: torch.Tensor, f_dec: torch.Tensor, min_count: int = 5) 
         "log2_rate_ratio": log2_rate_ratio(c_dec, f_dec.shape[0], c_pre, f_pre.shape[0]),
         "appears": flags_a, "vanishes": flags_v,
     })
+
+
+def max_matched_n(clusters: np.ndarray) -> int:
+    """Largest n at which :func:`trajscope.stats.matched_null` can draw two prompt-disjoint samples of n rows."""
+    sizes = np.unique(np.asarray(clusters), return_counts=True)[1]
+    return int((sizes.sum() - sizes.max() + 1) // 2) if sizes.size else 0
+
+
+def _with_counts(f_a: torch.Tensor, f_b: torch.Tensor, k: int, min_count: int) -> dict[str, float]:
+    s = overlap_summary(f_a, f_b, k=k, min_count=min_count)
+    dens = (f_b > 0).double().mean(0)
+    return {**s, "dead": float((dens == 0).double().mean()), "dense": float((dens > 0.01).double().mean())}
+
+
+def matched_overlap(f_pre: torch.Tensor, pre_clusters: np.ndarray, f_dec: torch.Tensor, *, k: int = 64,
+                    min_count: int = 5, n_resamples: int = 200, level: float = 0.95, seed: int = 0,
+                    min_n: int = 16) -> list[dict]:
+    """Each overlap / count metric of prefill vs decode beside its matched-n prefill-vs-prefill null.
+
+    ``n = min(n_dec, max_matched_n(pre_clusters))``. Each of ``n_resamples`` draws deals
+    prompt-disjoint prefill samples a and b of n rows (:func:`trajscope.stats.matched_null`);
+    the null is ``metric(a, b)`` and the observed value ``metric(a, d)`` with d = the decode rows
+    (n of them drawn without replacement when there are more). Same seed, same a.
+
+    Args:
+        f_pre: ``[n_pre, d_sae]`` prefill codes; pre_clusters: ``[n_pre]`` prompt ids.
+        f_dec: ``[n_dec, d_sae]`` decode codes.
+        k, min_count: as in :func:`overlap_summary`.
+        n_resamples, level, seed: draws, quantile level, seed.
+        min_n: below this many matched rows no null is drawn (NaN, ``note`` says why).
+
+    Returns:
+        One dict per metric of :data:`NULL_METRICS`: ``metric, n_pre, n_dec, n_matched``,
+        ``observed_all`` (all prefill vs all decode rows), ``observed, observed_lo, observed_hi``
+        (mean and central quantiles over draws at n), ``null_mean, null_lo, null_hi``,
+        ``outside_null`` (observed mean outside the null's interval) and ``note``.
+    """
+    n_pre, n_dec = int(f_pre.shape[0]), int(f_dec.shape[0])
+    full = _with_counts(f_pre, f_dec, k, min_count) if n_pre and n_dec else {m: float("nan") for m in NULL_METRICS}
+    n = min(n_dec, max_matched_n(pre_clusters)) if n_pre else 0
+    base = {"n_pre": n_pre, "n_dec": n_dec, "n_matched": n}
+    if n < min_n:
+        note = f"no null: {n} matched rows (< {min_n}); too few prefill prompts or decode rows"
+        return [{"metric": m, **base, "observed_all": full[m], **dict.fromkeys(
+            ("observed", "observed_lo", "observed_hi", "null_mean", "null_lo", "null_hi"), float("nan")),
+            "outside_null": False, "note": note} for m in NULL_METRICS]
+    rng = np.random.default_rng(seed + 1)
+    null_draws: list[dict] = []
+    obs_draws: list[dict] = []
+
+    def null_metric(a: torch.Tensor, b: torch.Tensor) -> float:
+        null_draws.append(_with_counts(a, b, k, min_count))
+        return null_draws[-1]["jaccard_topk"]
+
+    def obs_metric(a: torch.Tensor, _b: torch.Tensor) -> float:
+        d = f_dec if n == n_dec else f_dec[torch.as_tensor(np.sort(rng.choice(n_dec, n, replace=False)))]
+        obs_draws.append(_with_counts(a, d, k, min_count))
+        return obs_draws[-1]["jaccard_topk"]
+
+    for fn in (null_metric, obs_metric):
+        matched_null(f_pre, n, fn, n_resamples=n_resamples, level=level, clusters=pre_clusters, seed=seed)
+    q = ((1 - level) / 2, 1 - (1 - level) / 2)
+    out = []
+    for m in NULL_METRICS:
+        nv = np.array([d[m] for d in null_draws])
+        ov = np.array([d[m] for d in obs_draws])
+        (nlo, nhi), (olo, ohi) = np.nanquantile(nv, q), np.nanquantile(ov, q)
+        obs = float(np.nanmean(ov))
+        out.append({"metric": m, **base, "observed_all": full[m], "observed": obs, "observed_lo": float(olo),
+                    "observed_hi": float(ohi), "null_mean": float(np.nanmean(nv)), "null_lo": float(nlo),
+                    "null_hi": float(nhi), "outside_null": bool(obs < nlo or obs > nhi),
+                    "note": f"{n_resamples} prompt-disjoint prefill draws of {n} rows"})
+    return out

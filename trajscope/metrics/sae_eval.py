@@ -22,7 +22,10 @@ Definitions (DESIGN.md, "SAE reconstruction"), over a set S of activation rows
 Grouping: ``prefill`` (all prompt positions) is the reference row; decode rows are
 grouped by continuation (greedy / sampled), by exact step (1, 8, 50, 200), by depth band (:data:`DEPTH_BANDS`) and by
 next-token-entropy band (:data:`ENTROPY_EDGES`, nats) crossed with phase, so a
-decode band is compared with prefill positions of the same entropy.
+decode band is compared with prefill positions of the same entropy. Position bins
+(:data:`~trajscope.metrics.bands.POSITION_BINS`) are crossed with phase too: prefill
+and decode rows at the same absolute positions, so depth is not read as position.
+Every group belongs to one phase (its ``phase`` column); no group mixes the two.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from typing import Mapping, Sequence
 import polars as pl
 import torch
 
-from trajscope.metrics.bands import DEPTH_BANDS, DEPTH_STEPS, ENTROPY_EDGES, depth_band, entropy_band  # noqa: F401
+from trajscope.metrics.bands import (DEPTH_BANDS, DEPTH_STEPS, ENTROPY_EDGES, POSITION_ORDER,  # noqa: F401
+                                     depth_band, entropy_band, position_bin_expr)
 
 EARLY_POS = 16  # prefill positions before this are reported apart (attention-sink region)
 
@@ -74,32 +78,46 @@ def reconstruction_stats(x: torch.Tensor, x_hat: torch.Tensor, f: torch.Tensor) 
     }
 
 
-def report_groups(rows: pl.DataFrame, steps: Sequence[int] = DEPTH_STEPS) -> list[tuple[str, str, pl.Expr]]:
-    """The report's row groups as ``(kind, label, filter expression)`` over a harvest's rows frame.
+def report_groups(rows: pl.DataFrame, steps: Sequence[int] = DEPTH_STEPS) -> list[tuple[str, str, str, pl.Expr]]:
+    """The report's row groups as ``(kind, phase, label, filter expression)`` over a harvest's rows frame.
 
     ``rows`` needs ``phase``, ``step``, ``depth_band`` and ``entropy_band`` columns; with a
     ``source`` column, decode rows are also grouped by continuation (``greedy``, ``sample-0``…); with
-    ``pos``, prefill rows are split at :data:`EARLY_POS` (a control for position: decode rows all sit
-    after the prompt, so a prefill set of short prompts over-weights the first positions).
+    ``pos``, prefill rows are split at :data:`EARLY_POS` (the attention-sink region) and both phases
+    are cut into the same absolute position bins (``position_bin``: ``prefill pos 0-31``,
+    ``decode pos 0-31``, …; bins with no row of a phase are left out). Each group's rows are all
+    of one ``phase`` (``prefill`` or ``decode``).
     """
-    groups: list[tuple[str, str, pl.Expr]] = [("phase", "prefill", pl.col("phase") == "prefill"),
-                                              ("phase", "decode", pl.col("phase") == "decode")]
+    pre, dec = pl.col("phase") == "prefill", pl.col("phase") == "decode"
+    groups: list[tuple[str, str, str, pl.Expr]] = [("phase", "prefill", "prefill", pre),
+                                                   ("phase", "decode", "decode", dec)]
     if "pos" in rows.columns:  # position control: prompts are short, decode rows sit later in the context
-        groups += [("position", f"prefill pos<{EARLY_POS}", (pl.col("phase") == "prefill") & (pl.col("pos") < EARLY_POS)),
-                   ("position", f"prefill pos>={EARLY_POS}", (pl.col("phase") == "prefill") & (pl.col("pos") >= EARLY_POS))]
+        groups += [("position", "prefill", f"prefill pos<{EARLY_POS}", pre & (pl.col("pos") < EARLY_POS)),
+                   ("position", "prefill", f"prefill pos>={EARLY_POS}", pre & (pl.col("pos") >= EARLY_POS))]
+        present = rows.select(pl.col("phase"), position_bin_expr(pl.col("pos")).alias("b")).unique()
+        for b in POSITION_ORDER:
+            for phase, cond in (("prefill", pre), ("decode", dec)):
+                if present.filter((pl.col("phase") == phase) & (pl.col("b") == b)).height:
+                    groups.append(("position_bin", phase, f"{phase} pos {b}",
+                                   cond & (position_bin_expr(pl.col("pos")) == b)))
     if "source" in rows.columns:  # greedy vs sampled continuations
-        srcs = sorted(rows.filter(pl.col("phase") == "decode")["source"].unique().to_list())
-        groups += [("source", f"decode {s}", (pl.col("phase") == "decode") & (pl.col("source") == s)) for s in srcs]
-    groups += [("step", str(s), pl.col("step") == s) for s in steps]
-    bands = [b for b in rows.filter(pl.col("phase") == "decode")["depth_band"].unique().to_list() if b]
+        srcs = sorted(rows.filter(dec)["source"].unique().to_list())
+        groups += [("source", "decode", f"decode {s}", dec & (pl.col("source") == s)) for s in srcs]
+    groups += [("step", "decode", str(s), dec & (pl.col("step") == s)) for s in steps]
+    bands = [b for b in rows.filter(dec)["depth_band"].unique().to_list() if b]
     order = [depth_band(lo) for lo, _ in DEPTH_BANDS]
-    groups += [("depth_band", b, pl.col("depth_band") == b) for b in order if b in bands]
-    ent = [b for b in rows["entropy_band"].unique().to_list() if b]
+    groups += [("depth_band", "decode", b, dec & (pl.col("depth_band") == b)) for b in order if b in bands]
     ent_order = [entropy_band(v) for v in (0.0, *ENTROPY_EDGES)]
-    for phase in ("prefill", "decode"):
-        groups += [("entropy_band", f"{phase} H {b}", (pl.col("phase") == phase) & (pl.col("entropy_band") == b))
+    for phase in ("prefill", "decode"):  # one phase per group: never prefill and decode rows in one band
+        ent = set(rows.filter(pl.col("phase") == phase)["entropy_band"].drop_nulls().to_list())
+        groups += [("entropy_band", phase, f"{phase} H {b}", (pl.col("phase") == phase) & (pl.col("entropy_band") == b))
                    for b in ent_order if b in ent]
     return groups
+
+
+def group_mask(rows: pl.DataFrame, expr: pl.Expr) -> torch.Tensor:
+    """Boolean ``[N]`` mask of the rows a group expression selects (null counts as not selected)."""
+    return torch.from_numpy(rows.select(expr.fill_null(False)).to_series().to_numpy().astype(bool))
 
 
 def reconstruction_table(rows: pl.DataFrame, x: torch.Tensor, recons: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
@@ -115,20 +133,22 @@ def reconstruction_table(rows: pl.DataFrame, x: torch.Tensor, recons: Mapping[st
         steps: the exact decode steps to report.
 
     Returns:
-        Long frame: ``sae, kind, group, n`` and the metrics of :func:`reconstruction_stats`,
-        plus ``kl`` and ``ce_increase`` when ``splice`` is given. ``kind`` is ``phase``,
-        ``step``, ``depth_band`` or ``entropy_band``; the ``phase == prefill`` row is the reference.
+        Long frame: ``sae, kind, phase, group, n`` and the metrics of :func:`reconstruction_stats`,
+        plus ``kl`` and ``ce_increase`` when ``splice`` is given. ``kind`` is ``phase``, ``position``,
+        ``position_bin``, ``source``, ``step``, ``depth_band`` or ``entropy_band`` (:func:`report_groups`);
+        the ``kind == phase, group == prefill`` row is the reference. Point values only: the report's
+        intervals come from :mod:`trajscope.metrics.sae_intervals`.
     """
     if rows.height != x.shape[0]:
         raise ValueError(f"rows has {rows.height} rows but x has {x.shape[0]}")
     out = []
-    for kind, label, expr in report_groups(rows, steps):
-        mask_np = rows.select(expr.fill_null(False)).to_series().to_numpy()
-        mask = torch.from_numpy(mask_np.astype(bool))
+    for kind, phase, label, expr in report_groups(rows, steps):
+        mask = group_mask(rows, expr)
         for name, (x_hat, f) in recons.items():
-            rec = {"sae": name, "kind": kind, "group": label, **reconstruction_stats(x[mask], x_hat[mask], f[mask])}
+            rec = {"sae": name, "kind": kind, "phase": phase, "group": label,
+                   **reconstruction_stats(x[mask], x_hat[mask], f[mask])}
             if splice is not None and name in splice:
-                sp = splice[name].filter(pl.Series(mask_np))
+                sp = splice[name].filter(pl.Series(mask.numpy()))
                 rec["kl"] = _mean(sp["kl"])
                 rec["ce_increase"] = _mean(sp["ce_increase"])
             out.append(rec)

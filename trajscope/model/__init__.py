@@ -11,6 +11,7 @@ this package:
   of chosen layers, an SAE splice, and an explicit key mask per layer and head;
 - :meth:`ModelHandle.read_residuals` — block outputs at chosen positions;
 - :meth:`ModelHandle.generate_ids` — plain Hugging Face generation (a reference engine);
+- :meth:`ModelHandle.greedy_batch` — greedy decoding of a padded batch (batched capture);
 - :meth:`ModelHandle.prefill_chunks`, :meth:`ModelHandle.forward_batch` and
   :meth:`ModelHandle.prefix_cache` / ``forward(..., past=)`` — chunked prefill,
   a batch with padding and reuse of a precomputed prefix cache;

@@ -1,4 +1,4 @@
-"""Forwards over known tokens: teacher forcing, reads, splices, key masks, chunks, prefixes, batches.
+"""Forwards over known tokens: teacher forcing, reads, splices, key masks, chunks, prefixes (batches: batch.py).
 
 Generation lives in :mod:`trajscope.model.generation`; the functions here run
 the model over token ids that are already known. Locally they call the Hugging
@@ -197,8 +197,9 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
 
 
 @contextlib.contextmanager
-def _row_hooks(model: Any, hf: torch.nn.Module, n: int, rows: dict) -> Iterator[None]:
-    """Collect each layer's attention rows of the last ``n`` queries (``attn.output[1]``) for one call."""
+def _row_hooks(model: Any, hf: torch.nn.Module, n: int, rows: dict, *, batched: bool = False) -> Iterator[None]:
+    """Collect each layer's attention rows of the last ``n`` queries (``attn.output[1]``) for one call:
+    ``[H, n, K]`` per layer, or ``[B, H, n, K]`` with ``batched`` (a padded batch)."""
     from trajscope.model.attention import prefill_rows
 
     handles = []
@@ -207,7 +208,7 @@ def _row_hooks(model: Any, hf: torch.nn.Module, n: int, rows: dict) -> Iterator[
             def hook(_m, _i, out, layer=layer):
                 w = out[1] if isinstance(out, tuple) and len(out) > 1 else None
                 if w is not None:
-                    rows[layer] = w[0, :, -n:].detach().float().cpu()
+                    rows[layer] = (w if batched else w[0])[..., -n:, :].detach().float().cpu()
 
             handles.append(get_path(block, model.family.attn).register_forward_hook(hook))
         with prefill_rows(hf.config, n):
@@ -281,41 +282,6 @@ def prefill_chunks(model: Any, token_ids: Sequence[int], chunk: int, layers: Seq
         for layer, r in out.resid.items():
             resid[layer].append(r)
     return ForwardResult(torch.cat(logits), {k: torch.cat(v) for k, v in resid.items()}, cache)
-
-
-def forward_batch(model: Any, batch: Sequence[Sequence[int]], *, padding_side: str = "right",
-                  layers: Sequence[int] = ()) -> list[ForwardResult]:
-    """One forward over a padded batch; results per sequence, padding rows removed.
-
-    Position ids count real tokens only (``cumsum(attention_mask) − 1``), so left padding does not shift them.
-    """
-    if padding_side not in ("left", "right"):
-        raise TrajscopeError(f"padding_side must be 'left' or 'right', not '{padding_side}'.")
-    if not batch or any(len(s) == 0 for s in batch):
-        raise TrajscopeError("A batch needs at least one sequence, and no sequence may be empty.")
-    hf = model._local("A batched forward")
-    dev = _device(hf)
-    n = max(len(s) for s in batch)
-    pad = model.tokenizer.pad_token_id or 0
-    ids = torch.full((len(batch), n), pad, dtype=torch.long)
-    att = torch.zeros((len(batch), n), dtype=torch.long)
-    for i, s in enumerate(batch):
-        sl = slice(n - len(s), n) if padding_side == "left" else slice(0, len(s))
-        ids[i, sl] = torch.tensor(list(s))
-        att[i, sl] = 1
-    pos_ids = (att.cumsum(-1) - 1).clamp_min(0)
-    grabbed: dict[int, torch.Tensor] = {}
-    wanted = {int(layer) for layer in layers}
-    steps = torch.zeros(n, dtype=torch.long)
-    with torch.no_grad(), _hooks(model, hf, steer=[[] for _ in range(model.n_layers)], steps=steps, layers=wanted,
-                                 splice=None, masks=None, grabbed=grabbed):
-        out = hf(input_ids=ids.to(dev), attention_mask=att.to(dev), position_ids=pos_ids.to(dev), use_cache=False)
-    results = []
-    for i, s in enumerate(batch):
-        keep = att[i].bool()
-        results.append(ForwardResult(out.logits[i][keep.to(dev)].float().cpu(),
-                                     {k: v[i][keep] for k, v in grabbed.items()}))
-    return results
 
 
 def masked_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, key_mask: torch.Tensor,

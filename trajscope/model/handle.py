@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from trajscope.errors import TrajscopeError
+from trajscope.model import batch as bt
 from trajscope.model import forward as fw
 from trajscope.model.attention import prefill_rows
 from trajscope.model.families import Family, get_path
@@ -112,6 +113,12 @@ class ModelHandle:
     def eos_token_id(self) -> int | None:
         eos = self.config.eos_token_id if self.tokenizer.eos_token_id is None else self.tokenizer.eos_token_id
         return eos[0] if isinstance(eos, list) else eos
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The sliding attention window in tokens, or None when no layer uses one (right-padded batches
+        cannot decode exactly inside one: :func:`trajscope.model.batch.greedy_batch`)."""
+        return bt.sliding_window(self.config)
 
     @functools.cached_property
     def _revision(self) -> str | None:
@@ -219,11 +226,22 @@ class ModelHandle:
         with self.lock:
             return self.forward(prefix_ids, return_cache=True).cache
 
-    def forward_batch(self, batch: Sequence[Sequence[int]], *, padding_side: str = "right",
-                      layers: Sequence[int] = ()) -> list[ForwardResult]:
-        """One padded batch forward; per-sequence results without padding rows."""
+    def forward_batch(self, batch: Sequence[Sequence[int]], *, padding_side: str = "right", layers: Sequence[int] = (),
+                      attention_rows: Sequence[int] | None = None,
+                      logits_rows: Sequence[int] | None = None) -> list[ForwardResult]:
+        """One padded batch forward; per-sequence results without padding rows (and, when asked, the attention
+        rows and logits of each sequence's last positions only); see :func:`trajscope.model.batch.forward_batch`."""
         with self.lock:
-            return fw.forward_batch(self, batch, padding_side=padding_side, layers=layers)
+            return bt.forward_batch(self, batch, padding_side=padding_side, layers=layers,
+                                    attention_rows=attention_rows, logits_rows=logits_rows)
+
+    def greedy_batch(self, batch: Sequence[Sequence[int]], *, max_new_tokens: int, padding_side: str = "left",
+                     stop_at_eos: bool = True, reads: Sequence[tuple[int, int]] | None = None) -> Any:
+        """Greedy continuations of a padded batch with the KV cache (prompt + continuation ids per prompt; with
+        ``reads``, also what each step computed); see :func:`trajscope.model.batch.greedy_batch`."""
+        with self.lock:
+            return bt.greedy_batch(self, batch, max_new_tokens=max_new_tokens, padding_side=padding_side,
+                                   eos_token_id=self.eos_token_id if stop_at_eos else None, reads=reads)
 
     @contextlib.contextmanager
     def numerics(self, *, tf32: bool | None = None, deterministic: bool | None = None,

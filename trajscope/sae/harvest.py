@@ -152,10 +152,52 @@ def forward_run(model: Any, prompt: str, layer: int, *, max_new_tokens: int, tem
     return _ForwardRun({"prompt_len": P, "residual_layers": [layer]}, tokens, fw.resid[layer])
 
 
+def forward_runs(model: Any, jobs: Sequence[tuple[str, float, int]], layer: int, *, max_new_tokens: int,
+                 top_p: float | None, stop_at_eos: bool, batch_size: int, padding_side: str) -> list[_ForwardRun]:
+    """:func:`forward_run` for many ``(prompt, temperature, seed)`` jobs with the reading forwards batched.
+
+    Greedy continuations are decoded ``batch_size`` at a time
+    (:meth:`~trajscope.model.ModelHandle.greedy_batch`; alone when right padding would fall inside
+    a sliding attention window); sampled ones are generated alone (so sampling seeds mean what they
+    mean at batch 1). The no-cache forwards that read block ``layer``
+    and the next-token entropies then run ``batch_size`` sequences at a time through
+    :meth:`~trajscope.model.ModelHandle.forward_batch`, padded on ``padding_side`` (position ids count
+    real tokens). Per sequence the result equals batch 1 within the determinism floor (tested).
+    """
+    encoded = [model.encode(prompt) for prompt, _, _ in jobs]
+    window = model.sliding_window
+    batched = padding_side == "left" or window is None or window >= max(map(len, encoded)) + max_new_tokens
+    greedy = [j for j, (_, temp, _) in enumerate(jobs) if temp <= 0 and batched]
+    outs: dict[int, list[int]] = {}
+    for start in range(0, len(greedy), batch_size):
+        group = greedy[start:start + batch_size]
+        for j, out in zip(group, model.greedy_batch([encoded[j] for j in group], max_new_tokens=max_new_tokens,
+                                                    padding_side=padding_side, stop_at_eos=stop_at_eos)):
+            outs[j] = out
+    seqs = []
+    for j, (ids, (prompt, temp, seed)) in enumerate(zip(encoded, jobs)):
+        out = outs[j] if j in outs else model.generate_ids(ids, max_new_tokens=max_new_tokens, temperature=temp,
+                                                           top_p=top_p, seed=seed, stop_at_eos=stop_at_eos)
+        seqs.append((len(ids), out))
+    runs = []
+    for start in range(0, len(seqs), batch_size):
+        group = seqs[start:start + batch_size]
+        results = model.forward_batch([out[:len(out) - 1] for _, out in group], padding_side=padding_side,
+                                      layers=[layer])
+        for (P, out), fw in zip(group, results):
+            lp = fw.logits.log_softmax(-1)
+            ent = (-(lp.exp() * lp).sum(-1)).double().tolist()
+            tokens = pl.DataFrame({"pos": list(range(len(out))), "token_id": out, "entropy": [*ent, None]},
+                                  schema_overrides={"entropy": pl.Float64})
+            runs.append(_ForwardRun({"prompt_len": P, "residual_layers": [layer]}, tokens, fw.resid[layer]))
+    return runs
+
+
 def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: int = 256, n_sampled: int = 1,
             temperature: float = 0.8, top_p: float | None = 0.95, seed: int = 0, stop_at_eos: bool = False,
             greedy: bool = True, engine: str = "capture",
-            on_capture: Callable[[int, int], None] | None = None) -> Harvest:
+            on_capture: Callable[[int, int], None] | None = None, batch_size: int = 1,
+            padding_side: str = "right") -> Harvest:
     """Capture continuations of ``prompts`` and collect ``layer``'s block outputs.
 
     Args:
@@ -172,6 +214,8 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
             table, slow on CPU) or ``"forward"`` (:func:`forward_run`: HF ``generate`` then one
             no-cache forward per sequence; the same activations, many times faster).
         on_capture: called with (done, total) after each capture (progress bars).
+        batch_size: sequences per reading forward (``engine="forward"`` only; :func:`forward_runs`).
+        padding_side: ``left`` or ``right`` padding of those batches.
 
     Returns:
         A :class:`Harvest`; ``acts`` is ``[N, d_model]`` float32.
@@ -180,6 +224,13 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
         raise TrajscopeError("The prompt set is empty.")
     if engine not in ("capture", "forward"):
         raise TrajscopeError(f"engine must be 'capture' or 'forward', not '{engine}'.")
+    if batch_size < 1:
+        raise TrajscopeError(f"The batch size must be at least 1, not {batch_size}.")
+    if batch_size > 1 and engine != "forward":
+        raise TrajscopeError("A batched harvest needs engine 'forward' (--engine forward); the capture engine "
+                             "runs one sequence per generation trace.")
+    if padding_side not in ("left", "right"):
+        raise TrajscopeError(f"padding_side must be 'left' or 'right', not '{padding_side}'.")
     n_layers = model.n_layers
     if not -n_layers <= layer < n_layers:
         raise TrajscopeError(f"Layer {layer} is out of range; the model has layers 0..{n_layers - 1}.")
@@ -195,10 +246,17 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
         raise TrajscopeError("Nothing to capture: greedy is off and n_sampled is 0.")
     frames, chunks, seqs = [], [], []
     total, done = len(prompts) * len(plans), 0
+    batched = None
+    if batch_size > 1:
+        batched = iter(forward_runs(model, [(item["prompt"], temp, s) for item in prompts for _, temp, s in plans],
+                                    layer, max_new_tokens=max(1, max_new_tokens), top_p=top_p,
+                                    stop_at_eos=stop_at_eos, batch_size=batch_size, padding_side=padding_side))
     for i, item in enumerate(prompts):
         pid = str(item.get("id", i))
         for j, (source, temp, s) in enumerate(plans):
-            if engine == "forward":
+            if batched is not None:
+                traj = next(batched)
+            elif engine == "forward":
                 traj = forward_run(model, item["prompt"], layer, max_new_tokens=max(1, max_new_tokens),
                                    temperature=temp, top_p=top_p, seed=s, stop_at_eos=stop_at_eos)
             else:
@@ -224,5 +282,7 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
     desc = model.describe()
     meta = {"model": desc["model_id"], "revision": desc["revision"], "layer_name": f"block {layer} output",
             "max_new_tokens": max_new_tokens, "n_sampled": n_sampled, "temperature": temperature,
-            "top_p": top_p, "seed": seed, "stop_at_eos": stop_at_eos, "greedy": greedy, "n_prompts": len(prompts), "engine": engine}
+            "top_p": top_p, "seed": seed, "stop_at_eos": stop_at_eos, "greedy": greedy, "n_prompts": len(prompts), "engine": engine,
+            "serving": {"batch_size": batch_size, "padding_side": padding_side, "dtype": model.dtype,
+                        "device": model.device}}
     return Harvest(torch.cat(chunks), rows, pl.DataFrame(seqs), layer, meta)

@@ -20,6 +20,11 @@ writes them as Parquet tables:
   never computes (coverage map) and continuation-on-cached-prefix vs full recompute.
 - served harvest (:mod:`~trajscope.studies.harvest`): batched / chunked / prefix-cached
   activation harvest with per-row provenance (also the harvest benchmark's engine).
+- sae-stability (:mod:`~trajscope.studies.sae_stability`): SAEs trained on harvests that differ
+  only by serving mode (batch, bfloat16, prefix cache), compared with the seed-to-seed spread.
+
+Report sections for each: :mod:`trajscope.report_serving`, assembled by :mod:`trajscope.report_studies`
+(``trajscope study-report``).
 
 Shared pieces: :func:`~trajscope.studies.common.deltas` (L2 / relative L2 / cosine per
 layer and position), :class:`~trajscope.studies.common.Provenance`, the floor comparison and

@@ -1,4 +1,4 @@
-"""``trajscope study batch|determinism|chunked-prefill|prefix-cache``: the serving studies as commands.
+"""``trajscope study batch|determinism|chunked-prefill|prefix-cache|sae-stability``: the serving studies as commands.
 
 :func:`register` adds a ``study`` subcommand (with the four studies as its subcommands) to an
 ``argparse`` subparsers object; each study's parser sets ``func`` to a function taking the
@@ -28,6 +28,9 @@ _HELP = {
     "prefix-cache": ("which positions a prefix cache never computes, and cached-prefix vs full recompute",
                      "trajscope study prefix-cache --prompts sample_data/prompts/heldout_code.jsonl "
                      "--out reports/serving --header default"),
+    "sae-stability": ("SAEs trained on harvests that differ only by serving mode vs the seed-to-seed spread",
+                      "trajscope study sae-stability --prompts sample_data/prompts/heldout_chunks.jsonl "
+                      "--out reports/serving --max-prompts 96"),
 }
 
 
@@ -45,7 +48,8 @@ def _words(text: str) -> list[str]:
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``study`` with its four subcommands to ``subparsers`` (from ``add_subparsers``); return its parser."""
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    study = subparsers.add_parser("study", help="serving studies: batching, determinism, chunked prefill, prefix cache",
+    study = subparsers.add_parser("study", help="serving studies: batching, determinism, chunked prefill, prefix cache, "
+                                  "SAE stability",
                                   description=__doc__.split("\n\n")[0], formatter_class=fmt,
                                   epilog="example:\n  trajscope study determinism --prompts "
                                          "sample_data/prompts/heldout_code.jsonl --out studies/determinism "
@@ -87,6 +91,19 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     c.add_argument("--cold", action="store_true", help="start with an empty cache (default: the shared prefix is warm)")
     c.add_argument("--block", type=int, default=1, help="cache block size in tokens (vLLM: 16)")
     c.add_argument("--min-shared", type=int, default=4, help="tokens the whole set must share")
+    s = parsers["sae-stability"]
+    s.set_defaults(max_prompts=96)
+    s.add_argument("--header", default="default", help="shared prefix prepended to every prompt ('default': the "
+                   "fixed system prompt; 'none': the prompts already share one or prefix-cache is not among --modes)")
+    s.add_argument("--layer", type=int, default=3, help="block whose output the SAEs read")
+    s.add_argument("--modes", type=_words, default=["reference", "batch", "bfloat16", "prefix-cache"],
+                   help="serving modes: reference (always), batch, bfloat16, prefix-cache")
+    s.add_argument("--seeds", type=_ints, default=[0, 1, 2], help="SAE training seeds (same budget each)")
+    s.add_argument("--d-sae", type=int, default=512, help="SAE width")
+    s.add_argument("--k", type=int, default=16, help="active features (TopK)")
+    s.add_argument("--n-tokens", type=int, default=256_000, help="training rows per SAE (the budget)")
+    s.add_argument("--serve-batch", type=int, default=16, help="batch size of the batch mode")
+    s.add_argument("--padding-side", choices=("left", "right"), default="left", help="padding of the batch mode")
     return study
 
 
@@ -98,6 +115,12 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         return {"dtypes": args.dtypes, "repeats": args.repeats}
     if name == "chunked-prefill":
         return {"chunks": args.chunks}
+    if name == "sae-stability":
+        from trajscope.studies.sae_stability import StabilityConfig
+
+        return {"config": StabilityConfig(layer=args.layer, modes=tuple(args.modes), seeds=tuple(args.seeds),
+                                          d_sae=args.d_sae, k=args.k, n_tokens=args.n_tokens,
+                                          serve_batch=args.serve_batch, padding_side=args.padding_side)}
     return {"warm": not args.cold, "block": args.block, "min_shared": args.min_shared}
 
 
@@ -119,7 +142,9 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.max_prompts < 1:
         raise TrajscopeError(f"--max-prompts must be at least 1, not {args.max_prompts}.")
     items = P.read_prompt_file(args.prompts, args.max_prompts)
-    header = (P.DEFAULT_HEADER if args.header == "default" else args.header) if name == "prefix-cache" else None
+    header = None
+    if name in ("prefix-cache", "sae-stability") and args.header not in (None, "none"):
+        header = P.DEFAULT_HEADER if args.header == "default" else args.header
     if header:
         items = P.with_header(items, header)
     if args.dtype:
@@ -133,7 +158,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     def progress(done: int, total: int) -> None:
         if done % step == 0 or done == total:
-            print(f"{name}: {done}/{total} prompts", file=sys.stderr)
+            print(f"{name}: {done}/{total} {'SAEs trained' if name == 'sae-stability' else 'prompts'}", file=sys.stderr)
 
     if args.threads is not None and args.threads < 1:
         raise TrajscopeError(f"--threads must be at least 1, not {args.threads}.")
@@ -141,12 +166,14 @@ def cmd_study(args: argparse.Namespace) -> int:
         tables = run_study(name, model, prompts, layers=args.layers, progress=progress, **opts)
     paths = write_tables(tables, args.out)
     keep = ("rel_l2_mean", "rel_l2_mean_lo", "rel_l2_mean_hi", "rel_l2_max", "floor_rel_l2", "frac_above_floor",
-            "frac_greedy_diverged", "share_never_produced", "n_positions", "n_reused")
+            "frac_greedy_diverged", "share_never_produced", "n_positions", "n_reused", "value", "lo", "hi",
+            "seed_min", "seed_max")
     with pl.Config(tbl_rows=60, tbl_cols=-1, tbl_width_chars=200, fmt_float="mixed", fmt_str_lengths=20,
                    tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
         for key in (k for k in tables if k.endswith("_summary")):
             df = tables[key]
             cols = [c for c in df.columns if df.schema[c] in (pl.String, pl.Int16, pl.Int32) or c in keep]
+            cols = [c for c in cols if c not in ("device", "dtype", "padding_side")] or cols
             print(f"{key}:")
             print(df.select(cols))
     print("written: " + ", ".join(str(p) for p in paths), file=sys.stderr)

@@ -24,7 +24,7 @@ between A and C is the mask's. Rows are aligned by T3 token index ``t3_index``.
 
 Measures (one table each; :meth:`CompactionResult.save` writes them as Parquet):
 
-- ``compaction_states``: per session, pair (``A_vs_C``, ``B_vs_C``, ``A_vs_B``, ``A_vs_D``,
+- ``compaction_states``: per session, pair (``A_vs_C``, ``B_vs_C``, ``D_vs_C``, ``A_vs_B``, ``A_vs_D``,
   ``D_vs_B``; the second setup is the reference), layer and T3 token: relative L2
   ``‖x − r‖ / ‖r‖`` and cosine of the block outputs;
 - ``compaction_next_token``: per session, pair and T3 token: ``KL(p_ref ‖ p_x)`` of the next-token
@@ -37,11 +37,13 @@ Measures (one table each; :meth:`CompactionResult.save` writes them as Parquet):
   output, per layer, fitted and scored on a disjoint held-out split under each setup (and fitted
   under C, read under A and B), against chance and a shuffled-label control, with bootstrap
   intervals over held-out sessions;
+- ``compaction_attention``: per session, setup, layer and T3 token, the attention mass T3's query
+  puts on the summary's keys (and on sys, the masked turns and T3;
+  :mod:`trajscope.studies.compaction_attention`), from the attention rows the boundary's forward
+  returns with the setup's key mask applied;
 - ``compaction_sessions``: the sessions, their split and segment lengths; ``compaction_summary``:
-  means of the per-session measures with bootstrap intervals over sessions.
-
-Attention mass from T3 queries onto the summary is **not** measured: the boundary's masked
-forward returns no attention rows, and this study does not reach into the model module.
+  means of the per-session measures with bootstrap intervals over sessions
+  (:func:`trajscope.stats.cluster_bootstrap`, one value per session).
 
 A *planted* run (``plant_strength > 0``) adds ``plant_strength · u_label`` (one fixed random unit
 direction per class) to block ``plant_layer``'s output at every T1 position, through the
@@ -62,15 +64,16 @@ import torch
 
 from trajscope.errors import TrajscopeError
 from trajscope.steering import SteeringVector
+from trajscope.studies import compaction_attention as ca
 from trajscope.studies import probe as pr
 from trajscope.studies.sessions import Session, SessionTokens, tokenize_session
 from trajscope.trajectory import parquet_metadata
 
 SETUPS = ("A", "B", "C", "D")
-PAIRS = (("A", "C"), ("B", "C"), ("A", "B"), ("A", "D"), ("D", "B"))
+PAIRS = (("A", "C"), ("B", "C"), ("D", "C"), ("A", "B"), ("A", "D"), ("D", "B"))
 MASKED = ("t1", "t2")
 PROBE_RUNS = (("A", "A"), ("B", "B"), ("C", "C"), ("D", "D"), ("C", "A"), ("C", "B"))
-TABLES = ("sessions", "states", "next_token", "decode", "probe", "summary")
+TABLES = ("sessions", "states", "next_token", "attention", "decode", "probe", "summary")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,22 +113,35 @@ def _plant_steering(tokens: SessionTokens, direction: torch.Tensor, layer: int, 
 
 
 def run_setup(model: Any, tokens: SessionTokens, setup: str, *, layers: Sequence[int], masked: Sequence[str] = MASKED,
-              plant: tuple[torch.Tensor, int, float] | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+              plant: tuple[torch.Tensor, int, float] | None = None,
+              attention: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | tuple:
     """Teacher-forced forward of one setup; the T3 rows only.
 
     Args:
         plant: ``(direction [d], layer, strength)`` added to T1's positions (A, C, D; B has no T1).
+        attention: also return every layer's attention rows of T3's queries (the boundary's
+            ``attention_rows``; needs a model loaded with ``attn="rows"`` or ``"eager"``).
     Returns:
-        ``(logits [n_t3, vocab], {layer: [n_t3, d_model]})``, row ``i`` = T3 token ``i``.
+        ``(logits [n_t3, vocab], {layer: [n_t3, d_model]})``, row ``i`` = T3 token ``i``; with ``attention``
+        a third item ``{layer: [H, n_t3, K]}`` (K = the setup's context length).
     """
     inp = setup_input(tokens, setup, masked)
     steering, prompt_len = (), None
     if plant is not None and setup != "B":
         steering, prompt_len = _plant_steering(tokens, *plant)
-    out = model.forward(inp.ids, prompt_len=prompt_len, layers=layers, key_mask=inp.key_mask,
-                        mask_from=inp.mask_from, steering=steering)
     a, b = inp.t3
-    return out.logits[a:b], {k: v[a:b] for k, v in out.resid.items()}
+    out = model.forward(inp.ids, prompt_len=prompt_len, layers=layers, key_mask=inp.key_mask,
+                        mask_from=inp.mask_from, steering=steering, attention_rows=(b - a) if attention else 0)
+    logits, resid = out.logits[a:b], {k: v[a:b] for k, v in out.resid.items()}
+    return (logits, resid, out.attn) if attention else (logits, resid)
+
+
+def attention_spans(tokens: SessionTokens, setup: str, masked: Sequence[str] = MASKED) -> dict[str, list[tuple[int, int]]]:
+    """Key spans of sys, the summary, the masked segments (none for B) and T3 in ``setup``'s context."""
+    restart = setup == "B"
+    spans = {k: [tokens.span(k, restart=restart)] for k in ("sys", "summary", "t3")}
+    spans["masked"] = [] if restart else [tokens.span(k) for k in (masked or MASKED)]
+    return spans
 
 
 def state_distances(x: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,16 +182,20 @@ def plant_directions(n_classes: int, d_model: int, seed: int = 0) -> torch.Tenso
 
 def measure_session(model: Any, tokens: SessionTokens, layers: Sequence[int], *, masked: Sequence[str] = MASKED,
                     plant: tuple[torch.Tensor, int, float] | None = None,
-                    max_new_tokens: int = 0) -> tuple[pl.DataFrame, pl.DataFrame, list[dict], dict[str, torch.Tensor]]:
+                    max_new_tokens: int = 0, attention: bool = True) -> tuple:
     """Every measure of one session (module docstring).
 
     Returns:
-        ``(states, next_token, decode_rows, last)``: the session's rows of ``compaction_states`` and
-        ``compaction_next_token``, its ``compaction_decode`` rows (none when ``max_new_tokens`` is 0), and
-        ``{setup: [n_layers, d_model]}`` the last T3 token's block outputs (the probe's features).
+        ``(states, next_token, decode_rows, last, attention)``: the session's rows of ``compaction_states``
+        and ``compaction_next_token``, its ``compaction_decode`` rows (none when ``max_new_tokens`` is 0),
+        ``{setup: [n_layers, d_model]}`` the last T3 token's block outputs (the probe's features), and its
+        ``compaction_attention`` rows (empty when ``attention`` is False).
     """
     sid = pl.lit(tokens.session_id)
-    runs = {s: run_setup(model, tokens, s, layers=layers, masked=masked, plant=plant) for s in SETUPS}
+    runs = {s: run_setup(model, tokens, s, layers=layers, masked=masked, plant=plant, attention=attention)
+            for s in SETUPS}
+    att = (pl.concat([ca.attention_rows_table(tokens.session_id, s, runs[s][2], attention_spans(tokens, s, masked),
+                                              list(layers)) for s in SETUPS]) if attention else ca.empty())
     idx = list(range(tokens.n_t3))
     states, kls = [], []
     for x, ref in PAIRS:
@@ -199,7 +219,7 @@ def measure_session(model: Any, tokens: SessionTokens, layers: Sequence[int], *,
                                n_new=max_new_tokens, text=model.tokenizer.decode(cont[s]),
                                text_full=model.tokenizer.decode(cont["C"])))
     last = {s: torch.stack([runs[s][1][layer][-1] for layer in layers]) for s in SETUPS}
-    return pl.concat(states), pl.concat(kls), decode, last
+    return pl.concat(states), pl.concat(kls), decode, last, att
 
 
 @dataclasses.dataclass
@@ -212,6 +232,7 @@ class CompactionResult:
     decode: pl.DataFrame
     probe: pl.DataFrame
     settings: dict
+    attention: pl.DataFrame = dataclasses.field(default_factory=ca.empty)
 
     def summary(self, level: float = 0.95, n_boot: int = 1000) -> pl.DataFrame:
         """Means of the per-session measures with percentile-bootstrap intervals over sessions.
@@ -224,7 +245,8 @@ class CompactionResult:
         def add(df: pl.DataFrame, value: str, keys: list[str], metric: str):
             if df.is_empty():
                 return
-            per = df.group_by(["session_id", *keys]).agg(pl.col(value).mean()).drop_nulls(value)
+            # sorted by session: the bootstrap resamples rows in order, so the interval is reproducible
+            per = df.group_by(["session_id", *keys]).agg(pl.col(value).mean()).drop_nulls(value).sort("session_id")
             for key, g in per.group_by(keys, maintain_order=True):
                 est, lo, hi = pr.bootstrap_interval(g[value].to_numpy(), level=level, n_boot=n_boot)
                 d = dict(zip(keys, key))
@@ -235,6 +257,9 @@ class CompactionResult:
         add(self.states, "cosine", ["pair", "layer"], "cosine")
         add(self.next_token, "kl", ["pair"], "next_token_kl")
         add(self.next_token, "top1_agrees", ["pair"], "next_token_top1_agrees")
+        att = self.attention.rename({"setup": "pair"})
+        for col in ("summary_mass", "summary_mass_max", "masked_mass"):
+            add(att.drop_nulls(col), col, ["pair", "layer"], f"attention_{col}")
         if not self.decode.is_empty():
             dec = self.decode.with_columns(pl.col("first_divergence").is_not_null().cast(pl.Float64).alias("diverged"))
             add(dec, "diverged", ["setup"], "decode_diverged")
@@ -268,7 +293,7 @@ def _layers(model: Any, layers: Sequence[int] | None) -> list[int]:
 def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int] | None = None,
                max_new_tokens: int = 16, masked: Sequence[str] = MASKED, probe: bool = True,
                test_fraction: float = 0.3, seed: int = 0, plant_strength: float = 0.0, plant_layer: int = 0,
-               level: float = 0.95, n_boot: int = 1000,
+               level: float = 0.95, n_boot: int = 1000, attention: bool = True,
                progress: Callable[[int, int], None] | None = None) -> CompactionResult:
     """Run setups A, B, C and D on every session and measure how they differ (module docstring).
 
@@ -283,6 +308,7 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
         test_fraction: held-out share of the sessions for the probe; the split is seeded by ``seed``.
         plant_strength, plant_layer: the planted signal (module docstring); 0 = none.
         level, n_boot: bootstrap intervals.
+        attention: measure the attention mass of T3's queries (``compaction_attention``).
         progress: called with ``(done, total)`` after each session.
     Returns:
         :class:`CompactionResult`.
@@ -309,12 +335,14 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
     classes = sorted({int(x) for x in labels if x is not None})
     dirs = plant_directions(len(classes), model.d_model, seed) if planting else None
 
-    states, kls, decode = [], [], []
+    states, kls, decode, atts = [], [], [], []
     feats = {s: torch.zeros(len(sessions), len(layers), model.d_model) for s in SETUPS}
     for i, (sess, tok) in enumerate(zip(sessions, toks)):
         plant = (dirs[classes.index(int(sess.label))], plant_layer, plant_strength) if planting else None
-        st, kl, dec, last = measure_session(model, tok, layers, masked=masked, plant=plant, max_new_tokens=n_decode)
+        st, kl, dec, last, att = measure_session(model, tok, layers, masked=masked, plant=plant,
+                                                 max_new_tokens=n_decode, attention=attention)
         states.append(st)
+        atts.append(att)
         kls.append(kl)
         decode.extend(dec)
         for s in SETUPS:
@@ -333,9 +361,9 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
     settings = dict(model=model.describe(), n_sessions=len(sessions), layers=layers, max_new_tokens=n_decode,
                     masked=list(masked), probe=probe, test_fraction=test_fraction, seed=seed,
                     plant_strength=plant_strength, plant_layer=plant_layer, level=level, n_boot=n_boot,
-                    attention_mass="not measured: the boundary's masked forward returns no attention rows")
+                    attention_mass=("measured: attention rows of T3's queries" if attention else "not measured"))
     return CompactionResult(sess_df, pl.concat(states), pl.concat(kls), pl.DataFrame(decode, schema=dec_schema),
-                            probe_df, settings)
+                            probe_df, settings, pl.concat(atts))
 
 
 def probe_table(features: dict[str, torch.Tensor], labels: torch.Tensor, layers: Sequence[int], train_idx: np.ndarray,

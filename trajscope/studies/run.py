@@ -12,7 +12,9 @@
 - ``chunked-prefill``: ``chunked-prefill``, ``chunked-prefill_summary`` (per chunk × layer),
   ``chunked-prefill_floor``;
 - ``prefix-cache``: ``prefix-cache`` (reuse deltas), ``prefix-cache_coverage`` (per position),
-  ``prefix-cache_coverage_summary``, ``prefix-cache_summary`` (per layer), ``prefix-cache_floor``.
+  ``prefix-cache_coverage_summary``, ``prefix-cache_summary`` (per layer), ``prefix-cache_floor``;
+- ``sae-stability``: ``sae-stability_harvests``, ``_saes``, ``_pairs``, ``_summary``
+  (:func:`~trajscope.studies.sae_stability.sae_stability_study`; no floor, it compares SAEs).
 
 Summaries come from :func:`~trajscope.studies.common.summarize` (mean / p95 / max relative
 L2 with a bootstrap interval over prompts, share above the floor, greedy divergence). Unless
@@ -30,7 +32,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.studies import batching, determinism, prefill, prefix_cache
 from trajscope.studies.common import against_floor, summarize, write_table
 
-STUDIES = ("batch", "determinism", "chunked-prefill", "prefix-cache")
+STUDIES = ("batch", "determinism", "chunked-prefill", "prefix-cache", "sae-stability")
 
 
 def run_study(name: str, model: Any, prompts: Sequence[tuple[str, list[int]]], *, floor: pl.DataFrame | None = None,
@@ -53,6 +55,10 @@ def run_study(name: str, model: Any, prompts: Sequence[tuple[str, list[int]]], *
     bad = [x for x in (layers or ()) if not 0 <= int(x) < model.n_layers]
     if bad:
         raise TrajscopeError(f"Layer {bad[0]} is out of range; the model has layers 0..{model.n_layers - 1}.")
+    if name == "sae-stability":
+        from trajscope.studies.sae_stability import sae_stability_study
+
+        return sae_stability_study(model, prompts, options.get("config") or _default_stability(layers), progress=progress)
     if name == "determinism":
         det = determinism.determinism_study(model, prompts, layers=layers, progress=progress, **options)
         fl = determinism.floor_by_layer(det)
@@ -83,6 +89,12 @@ def run_study(name: str, model: Any, prompts: Sequence[tuple[str, list[int]]], *
     return {"prefix-cache": d, "prefix-cache_coverage": cov,
             "prefix-cache_coverage_summary": prefix_cache.coverage_summary(cov),
             "prefix-cache_summary": summarize(d, ["layer"]), "prefix-cache_floor": fl}
+
+
+def _default_stability(layers: Sequence[int] | None) -> Any:
+    from trajscope.studies.sae_stability import StabilityConfig
+
+    return StabilityConfig(layer=int(layers[0])) if layers else StabilityConfig()
 
 
 def write_tables(tables: dict[str, pl.DataFrame], out: str | pathlib.Path) -> list[pathlib.Path]:

@@ -139,7 +139,8 @@ def _tok(text: str) -> str:
 
 
 def contexts_html(examples: pl.DataFrame) -> str:
-    """An HTML table of a feature's top-activating contexts, the activating token highlighted.
+    """An HTML table of a feature's top-activating contexts, the activating token highlighted (its spaces as ·,
+    so an indentation token shows what it is).
 
     Args:
         examples: rows of :attr:`trajscope.sae.index.FeatureIndex.examples` of one feature.
@@ -149,7 +150,7 @@ def contexts_html(examples: pl.DataFrame) -> str:
     head = "".join(f"<th>{h}</th>" for h in ("#", "activation", "phase", "step", "prompt", "context"))
     body = []
     for r in examples.iter_rows(named=True):
-        ctx = ("".join(_tok(t) for t in r["left"]) + f"<mark title='pos {r['pos']}'>{_tok(r['token'])}</mark>"
+        ctx = ("".join(_tok(t) for t in r["left"]) + f"<mark title='pos {r['pos']}'>{_tok(r['token']).replace(' ', '·')}</mark>"
                + "<span style='color:#888'>" + "".join(_tok(t) for t in r["right"]) + "</span>")
         body.append(f"<tr><td>{r['rank'] + 1}</td><td>{r['value']:.3g}</td><td>{r['phase']}</td><td>{r['step']}</td>"
                     f"<td>{html.escape(str(r['prompt_id']))}</td><td style='white-space:pre;font-family:monospace'>"

@@ -171,13 +171,18 @@ class GenerationJob:
         self.config = None  # the CaptureConfig actually used, once the model is known
         self.steps_done = 0  # steps the worker has finished (read by tests and Stop diagnostics)
         self.steps_at_stop: int | None = None
-        self.timings: dict[str, float] = {}  # load_s, capture_s (worker thread), for diagnostics and benchmarks
+        # start_s (click to worker), load_s, capture_s (worker thread), to_loop_s (capture end to the UI's
+        # handling of it), on_screen_s: for diagnostics and benchmarks
+        self.timings: dict[str, float] = {}
+        self._t_start = time.monotonic()
+        self.t_captured: float | None = None
         self._last_flush = self._last_partial = 0.0
         self._buffer: list = []
         self._buffer_lock = threading.Lock()
         self._queue: collections.deque = collections.deque()
 
     def start(self) -> "GenerationJob":
+        self._t_start = time.monotonic()
         self.thread.start()
         return self
 
@@ -247,7 +252,8 @@ class GenerationJob:
             self.config = self._config(model)
             self._last_flush = self._last_partial = t1 = time.monotonic()
             traj = capture(model, self.prompt, self.config, on_step=self._on_step, cancel=self.cancel)
-            self.timings = {"load_s": t1 - t0, "capture_s": time.monotonic() - t1}
+            self.t_captured = time.monotonic()
+            self.timings = {"start_s": t0 - self._t_start, "load_s": t1 - t0, "capture_s": self.t_captured - t1}
             log.info("generation: model %.2f s, capture %.2f s, %d steps", t1 - t0, self.timings["capture_s"],
                      traj.n_steps)
         except TrajscopeError as exc:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, Iterator
 
 import panel as pn
 import param
@@ -22,6 +23,8 @@ class StateView(pn.viewable.Viewer):
     """
 
     state = param.ClassSelector(class_=AppState, doc="The app state this view shows and edits.")
+    shown = param.Boolean(default=True, doc="Whether the view is on screen. The app sets it from its tabs; a view "
+                          "whose analysis is costly defers it while hidden (:meth:`defer`) and runs it when shown.")
     cache_layout = True
 
     def __init_subclass__(cls, **kwargs):
@@ -42,6 +45,41 @@ class StateView(pn.viewable.Viewer):
         if params.get("state") is None:
             params["state"] = AppState()
         super().__init__(**params)
+        self._deferred: Callable[[], None] | None = None
+        self.param.watch(self._run_deferred, "shown")
+
+    def defer(self, fn: Callable[[], None]) -> bool:
+        """While the view is hidden, keep ``fn`` (the latest one wins) to run when it is shown; True if kept.
+
+        A new run then costs a hidden tab nothing: putting the run on screen does not wait for, or
+        compete with, analyses nobody is looking at.
+        """
+        if self.shown:
+            return False
+        self._deferred = fn
+        return True
+
+    def _run_deferred(self, event) -> None:
+        fn, self._deferred = self._deferred, None
+        if event.new and fn is not None:
+            fn()
+
+
+@contextlib.contextmanager
+def redraw_once(doc=None) -> Iterator[None]:
+    """Batch every plot update made inside the block into one document change.
+
+    Each HoloViews update that swaps Bokeh models makes the document recompute its whole model
+    graph (about 0.1 s on the app's page); putting a new run on screen updates several plots.
+    Inside this block the graph is recomputed once, at the end, and Panel sends the browser one
+    combined message (``pn.io.hold``).
+    """
+    doc = doc if doc is not None else pn.state.curdoc
+    if doc is None:
+        yield
+        return
+    with pn.io.hold(doc), doc.models.freeze():
+        yield
 
 
 def _in_kernel() -> bool:

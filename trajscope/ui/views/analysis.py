@@ -23,6 +23,7 @@ import param
 from trajscope.errors import TrajscopeError
 from trajscope.ui import analysis_plots as ap
 from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths, skipped_depths
+from trajscope.ui.tables import table_pane
 from trajscope.ui.views._base import StateView, dispatcher, in_background
 from trajscope.ui.views._cursor import Cursor, vline
 
@@ -60,6 +61,9 @@ class DriftView(StateView):
             return
         if traj is None:
             s.param.update(drift=None, message="No run yet.")
+            return
+        if self.defer(self._recompute):  # the Drift tab is hidden: score the run when it is opened
+            s.param.update(drift=None, message="Scoring the run against the profile…")
             return
         s.param.update(drift=None, message="Scoring the run against the profile…")
         in_background(lambda: s.score(traj, prof), lambda res: self._apply(ticket, traj, res))
@@ -214,8 +218,8 @@ class SteeringView(StateView):
             return pn.pane.Markdown("Press **Depth sweep** to measure the effect for each start depth.")
         return pn.Column(pn.pane.HoloViews(ap.effect_curves(steps), sizing_mode="stretch_width"),
                          pn.pane.HoloViews(ap.decay_plot(summary), sizing_mode="stretch_width"),
-                         pn.widgets.Tabulator(summary.to_pandas(), disabled=True, show_index=False,
-                                              sizing_mode="stretch_width", height=180),
+                         table_pane(summary.rename({c: c.replace("_", " ") for c in summary.columns}),
+                                    css_class="ts-sweep-summary"),  # "effect lo / hi": the 95% interval
                          sizing_mode="stretch_width")
 
     def __panel__(self):

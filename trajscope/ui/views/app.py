@@ -2,7 +2,7 @@
 
 Layout: controls (model, prompt, Generate/Stop, open) on the left; on the right
 the step bar and the token strip, always visible, then the analyses in tabs
-(Overview · Attention · SAE features · Drift · Steering · Export), all following
+(Overview · Attention · SAE features · Drift · Steering · Eviction · Compaction · Export), all following
 one :class:`~trajscope.ui.state.AppState`. Each instance has its
 own state, so every browser session of ``panel serve`` (and every notebook
 cell) is independent; loaded models are shared through :mod:`trajscope.ui.runner`.
@@ -18,12 +18,15 @@ import pathlib
 
 import panel as pn
 import param
+from panel.io.resources import CDN_DIST
+from panel.theme import Design, Fast
 
 from trajscope.trajectory import Trajectory
 from trajscope.ui.state import AppState
 from trajscope.ui.views._base import StateView
 from trajscope.ui.views.analysis import DriftView, SteeringView
 from trajscope.ui.views.attention import AttentionView
+from trajscope.ui.views.compaction import CompactionView
 from trajscope.ui.views.controls import Controls
 from trajscope.ui.views.eviction import EvictionView
 from trajscope.ui.views.export import ExportView
@@ -33,10 +36,26 @@ from trajscope.ui.views.player import StepPlayer
 from trajscope.ui.views.telemetry import TelemetryView
 from trajscope.ui.views.tokens import TokenStrip
 
+FONT = "Liberation Sans, Arial, Helvetica, sans-serif"  # installed fonts; no web font
 TITLE = "trajscope — does decode still look like prefill?"
 INTRO = ("Step through a model's generation one decode step at a time. **Step 0** is the prefill pass over the "
          "prompt; **step s** is the decode pass whose query is the token at position P+s−1. Step with the player, the "
          "← → keys or the step box; click a token or a curve to jump there.")
+
+
+class LocalFonts(Fast):
+    """Panel's Fast design without its web font (Open Sans from Google Fonts): the page uses installed fonts."""
+
+    # the same resources as Fast, its own files named by their bundled path (they would resolve under this class's name)
+    _resources = {**{k: v for k, v in Fast._resources.items() if k != "font"},
+                  "js_modules": {k: v if "//" in v else f"{CDN_DIST}bundled/fast/{v}"
+                                 for k, v in Fast._resources["js_modules"].items()}}
+
+
+class Page(pn.template.FastListTemplate):
+    """Panel's FastListTemplate in the :class:`LocalFonts` design: the page loads nothing from outside its server."""
+
+    design = param.ClassSelector(class_=Design, default=LocalFonts, is_instance=False, instantiate=False)
 
 
 def ensure_extension() -> None:
@@ -83,6 +102,7 @@ class TrajScope(StateView):
         self.drift = DriftView(state=self.state)
         self.steering = SteeringView(state=self.state)
         self.eviction = EvictionView(state=self.state)
+        self.compaction = CompactionView(state=self.state)
         self.live = LiveView(state=self.state)
         self.controls.on_start.append(self.live.reset)
         self.controls.listeners.append(self.live.append)
@@ -119,15 +139,25 @@ class TrajScope(StateView):
             ("Drift", self.drift),
             ("Steering", self.steering),
             ("Eviction", self.eviction),
+            ("Compaction", self.compaction),
             ("Export", self.export),
             dynamic=True, sizing_mode="stretch_width", css_classes=["ts-tabs"])
         self.tabs = tabs
+        views = [self.telemetry, self.attention, self.features, self.drift, self.steering, self.eviction,
+                 self.compaction, self.export]
+
+        def on_tab(*_):  # hidden tabs defer their analyses of a new run until they are opened
+            for i, view in enumerate(views):
+                view.shown = i == tabs.active
+
+        tabs.param.watch(on_tab, "active")
+        on_tab()
         return pn.Column(
             pn.Card(self.player, self.live, title="Step", **card),
             pn.Card(self.tokens, title="Tokens", **card),
             tabs, sizing_mode="stretch_width")
 
-    def template(self) -> pn.template.FastListTemplate:
+    def template(self) -> Page:
         """The app as a page (what ``panel serve apps/trajscope.py`` shows).
 
         The page request only sends a light shell; the views are drawn once the browser has connected
@@ -142,7 +172,7 @@ class TrajScope(StateView):
             main[:] = [self.main()]
             self._autostart()
 
-        tpl = pn.template.FastListTemplate(title=TITLE, sidebar=[side], main=[main],
+        tpl = Page(title=TITLE, sidebar=[side], main=[main], font=FONT,
                                            sidebar_width=340, accent="#1f77b4", theme_toggle=False,
                                            main_max_width="1600px",
                                            # Panel's busy spinner is one shared model synced through a global
@@ -167,7 +197,7 @@ class TrajScope(StateView):
         return super()._repr_mimebundle_(include, exclude)
 
 
-def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample", **params) -> pn.template.FastListTemplate:
+def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample", **params) -> Page:
     """The page ``panel serve apps/trajscope.py`` shows, for one session.
 
     Opens ``run_dir`` when it holds a run (default: ``sample_data/runs/demo``); without one, the
@@ -177,7 +207,7 @@ def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample"
     from trajscope.ui import operator
 
     if not operator.SESSIONS.enter():  # the operator's limit on concurrent sessions
-        return pn.template.FastListTemplate(title=TITLE, main=[pn.pane.Alert(
+        return Page(title=TITLE, font=FONT, main=[pn.pane.Alert(
             f"This trajscope server is full ({operator.config().max_sessions} sessions are open). Try again in a "
             "minute, or ask its operator to raise --max-sessions.", alert_type="warning")], busy_indicator=None)
     run_dir = pathlib.Path(run_dir) if run_dir else sample_data_dir() / "runs" / "demo"

@@ -21,7 +21,7 @@ from trajscope.ui.plots import visible
 from trajscope.ui.runner import GenerationJob
 from trajscope.ui import saved_runs
 from trajscope.ui.operator import config
-from trajscope.ui.views._base import StateView, dispatcher, in_background
+from trajscope.ui.views._base import StateView, dispatcher, in_background, redraw_once
 from trajscope.ui.views.ticker import Ticker
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,10 @@ class Controls(StateView):
     def _on_done(self, traj) -> None:
         st = self.state
         t0 = time.monotonic()
-        st.set_trajectory(traj, step=max(0, traj.n_steps - 1))
+        if self.job is not None and getattr(self.job, "t_captured", None) is not None:
+            self.job.timings["to_loop_s"] = t0 - self.job.t_captured  # the event loop's backlog at the end
+        with redraw_once():
+            st.set_trajectory(traj, step=max(0, traj.n_steps - 1))
         log.info("new run on screen in %.2f s", time.monotonic() - t0)
         if self.job is not None:
             self.job.timings["on_screen_s"] = time.monotonic() - t0
@@ -173,7 +176,8 @@ class Controls(StateView):
         except TrajscopeError as exc:
             st.report(str(exc))
             return
-        st.set_trajectory(traj, step=0)
+        with redraw_once():
+            st.set_trajectory(traj, step=0)
         st.param.update(error="", status=f"Opened run {traj.run_id} ({traj.n_steps} steps) from {path}.")
 
     def __panel__(self):
@@ -216,4 +220,4 @@ class Controls(StateView):
         return pn.Column(
             "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res,
             pn.Row(gen, stop), self.ticker, alert,
-            pn.layout.Divider(), self.saved, path, open_btn, sizing_mode="stretch_width")
+            pn.pane.HTML("<hr style='border: none; border-top: 1px solid #ddd'>", sizing_mode="stretch_width"), self.saved, path, open_btn, sizing_mode="stretch_width")

@@ -29,6 +29,7 @@ from trajscope.model import sample_data_dir
 from trajscope.sae.index import FeatureIndex, density_table
 from trajscope.sae.labels import FeatureLabels
 from trajscope.ui import feature_plots as fp
+from trajscope.ui.tables import table_pane
 from trajscope.ui.views._base import StateView, in_background
 from trajscope.ui.views._cursor import Cursor, vline
 from trajscope.ui.views.feature_card import FeatureCard
@@ -165,6 +166,9 @@ class FeaturesView(StateView):
         if traj is None:
             self._apply(ticket, (None, "No run yet."))
             return
+        if self.defer(self._recompute):  # the SAE tab is hidden: encode when it is opened (and show no stale run)
+            self._enc, self.message = None, "Encoding the run with the SAE…"
+            return
         self._enc, self.message = None, "Encoding the run with the SAE…"
 
         def work():
@@ -249,8 +253,7 @@ class FeaturesView(StateView):
             return pn.pane.Alert(self.message or "No features.", alert_type="secondary")
         table = fp.display_table(comparison_table(self._enc, self.state.trajectory.prompt_len))
         return pn.Column(pn.pane.Markdown("**Prefill vs decode** (this run; FVU = E‖x−x̂‖² / E‖x−E[x]‖²)"),
-                         pn.widgets.Tabulator(table.to_pandas(), disabled=True, show_index=False, height=110,
-                                              sizing_mode="stretch_width"), sizing_mode="stretch_width")
+                         table_pane(table, css_class="ts-sae-summary"), sizing_mode="stretch_width")
 
     def __panel__(self):
         path = pn.widgets.TextInput.from_param(self.param.sae_path, name="SAE", sizing_mode="stretch_width")

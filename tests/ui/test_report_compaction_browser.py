@@ -1,0 +1,34 @@
+"""The compaction report section, embedded in a standalone page with BokehJS inline, renders offline in Chromium.
+
+This is the page shape the study report writes (``trajscope/report.py``'s inline BokehJS plus each
+section's fragment and figures); the check is that the section's figures draw with the network off.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trajscope.model import sample_data_dir
+from trajscope.report import _bokeh_js
+from trajscope.report_compaction import section
+
+pytestmark = pytest.mark.ui
+
+
+def test_section_renders_offline(tmp_path, page):
+    from bokeh.embed import components
+
+    title, frag, figs = section(sample_data_dir() / "reports" / "compaction")
+    script, divs = components(figs)
+    html = (f"<!doctype html><html><head><meta charset='utf-8'>{_bokeh_js()}{script}</head><body>"
+            f"<h2>{title}</h2>{frag}{''.join(divs)}</body></html>")
+    path = tmp_path / "compaction.html"
+    path.write_text(html, encoding="utf-8")
+    requests = []
+    page.context.set_offline(True)
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(path.as_uri())
+    page.locator("canvas").nth(len(figs) - 1).wait_for(state="attached", timeout=90_000)
+    assert page.locator(".bk-Canvas").count() >= len(figs) == 4
+    assert page.get_by_text("Planted-signal check", exact=False).is_visible()
+    assert all(u.startswith("file:") or u.startswith("data:") for u in requests), requests

@@ -1,0 +1,127 @@
+"""Study report: the sections of every study found in one or more directories, as one offline HTML file.
+
+A study writes its Parquet tables into a directory (``trajscope study … --out DIR``); one directory
+may hold several studies (``sample_data/reports/serving`` holds all the serving studies). A study
+is **detected** by its marker table (:data:`MARKERS`, default ``<study>_summary.parquet``) and
+rendered by its section builder in :data:`SECTIONS`: ``section(study_dir) -> (title, html, figures)``
+— an HTML fragment with the numbers, their 95 % intervals, setup, n and split, plus Bokeh figures.
+A study without a registered section is skipped; a section that fails is reported in the page
+(with its one-sentence reason) instead of ending the report.
+
+:func:`study_report` writes the page with BokehJS inline (:func:`trajscope.report._bokeh_js`),
+so it opens offline: no script, stylesheet or font is fetched. ``trajscope study-report DIR
+[DIR …] --out FILE.html`` is the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import pathlib
+import sys
+from typing import Any, Callable, Sequence
+
+from trajscope import report_compaction, report_serving as rs
+from trajscope.errors import TrajscopeError
+
+SectionFn = Callable[[pathlib.Path], tuple[str, str, list]]
+
+SECTIONS: dict[str, SectionFn] = {
+    "determinism": rs.determinism_section,
+    "batch": rs.batch_section,
+    "chunked-prefill": rs.chunked_prefill_section,
+    "prefix-cache": rs.prefix_cache_section,
+    "sae-stability": rs.sae_stability_section,
+    "compaction": report_compaction.section,
+}
+MARKERS: dict[str, str] = {}  # study → marker file when it is not "<study>_summary.parquet"
+
+
+def marker(study: str) -> str:
+    """The Parquet file whose presence says a directory holds ``study``."""
+    return MARKERS.get(study, f"{study}_summary.parquet")
+
+
+def detect(study_dir: str | os.PathLike) -> list[str]:
+    """The registered studies whose marker table is in ``study_dir``, in :data:`SECTIONS` order."""
+    d = pathlib.Path(study_dir)
+    return [name for name in SECTIONS if (d / marker(name)).is_file()]
+
+
+def _page(title: str, resources: str, script: str, body: str) -> str:
+    from trajscope.report import PAGE
+
+    return PAGE.format(resources=resources, script=script, body=body, title=html.escape(title))
+
+
+def study_report(dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike) -> pathlib.Path:
+    """Write one standalone HTML page with a section per study found in ``dirs``.
+
+    Args:
+        dirs: study output directories.
+        out_path: the HTML file to write.
+    Returns:
+        The path written.
+    Raises:
+        TrajscopeError: a directory is missing, or no directory holds a study.
+    """
+    from bokeh.embed import components
+
+    from trajscope.report import _bokeh_js
+
+    if not dirs:
+        raise TrajscopeError("Give at least one study directory.")
+    found: list[tuple[pathlib.Path, str]] = []
+    for d in map(pathlib.Path, dirs):
+        if not d.is_dir():
+            raise TrajscopeError(f"'{d}' is not a directory.")
+        found += [(d, s) for s in detect(d)]
+    if not found:
+        raise TrajscopeError(f"No study tables found in {', '.join(map(str, dirs))}; expected files such as "
+                             f"{', '.join(marker(s) for s in SECTIONS)} (written by 'trajscope study …').")
+    parts: list[tuple[str, str, list]] = []
+    failed: list[str] = []
+    for d, study in found:
+        try:
+            title, body, figs = SECTIONS[study](d)
+        except TrajscopeError as exc:
+            failed.append(f"<li>{html.escape(study)} in <code>{html.escape(str(d))}</code>: {html.escape(str(exc))}</li>")
+            continue
+        where = f" — <code>{html.escape(d.name or str(d))}</code>" if len({x for x, _ in found}) > 1 else ""
+        parts.append((f"<h2>{html.escape(title)}{where}</h2>", body, list(figs)))
+    figs = [f for _, _, fs in parts for f in fs]
+    script, divs = components(figs) if figs else ("", [])
+    it = iter(divs)
+    body = [f"<p class='note'>Studies: "
+            f"{', '.join(html.escape(s) for _, s in found)}; from {', '.join(html.escape(str(d)) for d in dirs)}.</p>"]
+    body += [head + text + "".join(next(it) for _ in fs) for head, text, fs in parts]
+    if failed:
+        body.append("<h2>Sections left out</h2><ul>" + "".join(failed) + "</ul>")
+    out = pathlib.Path(out_path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(_page("trajscope study report", _bokeh_js(), script, "\n".join(body)), encoding="utf-8")
+    except OSError as exc:
+        raise TrajscopeError(f"Cannot write the report to '{out}': {exc.strerror or exc}.") from None
+    return out
+
+
+def cmd_study_report(args: argparse.Namespace) -> int:
+    path = study_report(args.dirs, args.out)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB; studies: "
+          f"{', '.join(s for d in args.dirs for s in detect(d))})", file=sys.stderr)
+    return 0
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    """Add ``study-report`` to the CLI's subparsers."""
+    p = sub.add_parser("study-report", help="one offline HTML report of the studies in one or more directories",
+                       description="Detect the studies in each directory by their Parquet tables and write one "
+                                   "standalone HTML report (opens offline) with a section per study.",
+                       epilog="example: trajscope study-report sample_data/reports/serving --out serving.html",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("dirs", nargs="+", help="study output directories ('trajscope study … --out DIR')")
+    p.add_argument("--out", required=True, help="HTML file to write")
+    p.set_defaults(func=cmd_study_report)
+    return p
