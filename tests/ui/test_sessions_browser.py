@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import panel as pn
 import pytest
 
 from trajscope.ui.views.app import default_page
@@ -16,12 +15,6 @@ STRIP = """() => Bokeh.documents.flatMap(d => [...d.all_models]).filter(m => m.d
     .map(m => m.data.token.join(''))"""
 
 
-@pytest.fixture(autouse=True)
-def _servers():
-    yield
-    pn.state.kill_all_servers()
-
-
 def test_two_sessions_generating_at_once_keep_their_own_state(page, browser, sample_model, fresh_models,
                                                              monkeypatch):
     from trajscope.ui import operator, runner
@@ -33,7 +26,7 @@ def test_two_sessions_generating_at_once_keep_their_own_state(page, browser, sam
 
     def make():
         tpl = default_page()
-        apps.append(tpl._trajscope)
+        apps.append(getattr(tpl, "_trajscope", None))  # None: the "server is full" page
         return tpl
 
     serve_component(page, make)
@@ -70,7 +63,7 @@ def test_two_sessions_generating_at_once_keep_their_own_state(page, browser, sam
 
 
 def test_abandoned_page_requests_leave_the_server_responsive(page, short_run_dir):
-    """20 page requests dropped by their clients: a real session keeps stepping fast, and the server goes idle."""
+    """20 page requests dropped by their clients draw no views, a real session keeps stepping, and the server goes idle."""
     import os
     import socket
     import time
@@ -79,7 +72,7 @@ def test_abandoned_page_requests_leave_the_server_responsive(page, short_run_dir
 
     def make():
         tpl = default_page(short_run_dir)
-        apps.append(tpl._trajscope)
+        apps.append(getattr(tpl, "_trajscope", None))  # None: the "server is full" page
         return tpl
 
     port = serve_component(page, make)[1]
@@ -98,9 +91,14 @@ def test_abandoned_page_requests_leave_the_server_responsive(page, short_run_dir
         wait_until(lambda: app.state.step != before, page, timeout=TIMEOUT)
         times.append(time.time() - t)
     assert time.time() - t0 < 10 + sum(times)
+    # What keeps the stepping user fast is structural: an abandoned page request builds the light shell
+    # only; the views (about a second of server time each) are drawn for the connected session alone.
+    # (Latency itself is measured in benchmarks/app_generate.py, not asserted here: CI machines are noisy.)
+    wait_until(lambda: len(apps) == 21, page, timeout=TIMEOUT)
+    drawn = [a for a in apps if a is not None and hasattr(a, "tabs")]
+    assert drawn == [app], f"{len(drawn)} sessions drew their views; only the connected one should"
     times.sort()
-    p95 = times[int(0.95 * (len(times) - 1))]
-    assert p95 <= 0.25, times  # a step change never waits long behind the abandoned pages
+    assert times[len(times) // 2] < 2.0, times  # sanity only: a median step behind 20 full page builds is ~20 s
     cpu = lambda: sum(os.times()[:2])  # noqa: E731  this process: the server runs in it
     deadline = time.time() + 30
     while True:
