@@ -127,7 +127,8 @@ def test_player_and_arrow_keys_move_marker(page, short_run_dir):
     assert span_at() == 0
     page.locator(".ts-player button.next").click()  # the player's "next step" button
     wait_until(lambda: "Step 1 / 11" in readout(page), page, timeout=TIMEOUT)
-    assert page.locator(".ts-step-box input").input_value() == "1"
+    # the readout and the step box are separate models: their changes may reach the browser in separate frames
+    wait_until(lambda: page.locator(".ts-step-box input").input_value() == "1", page, timeout=TIMEOUT)
     wait_until(lambda: span_at() == 1, page, timeout=TIMEOUT)
     page.evaluate("() => document.activeElement && document.activeElement.blur()")  # keys go to the page
     page.keyboard.press("ArrowRight")
