@@ -211,14 +211,14 @@ def test_clicking_a_token_or_a_curve_in_the_browser_moves_the_step(page, short_r
     app.state.go(9)
     wait_until(lambda: "Step 9 / 11" in readout(page), page, timeout=TIMEOUT)
     taps = []
-    app.tokens.tap.add_subscriber(lambda **kw: taps.append(kw))
+    app.tokens.strip.on_click(lambda x, y: taps.append((x, y)))
     strip = page.locator(".ts-token-strip canvas").first
     strip.scroll_into_view_if_needed()
     b = strip.bounding_box()
     page.mouse.click(b["x"] + 24, b["y"] + 50)  # the first prompt token ("def"): read at step 0
     wait_until(lambda: bool(taps) and app.state.step == 0, page, timeout=TIMEOUT)
     wait_until(lambda: "Step 0 / 11" in readout(page), page, timeout=TIMEOUT)
-    curves = page.locator(".bk-panel-models-holoviews-HoloViews canvas, .ts-tabs canvas").first
+    curves = page.locator(".ts-telemetry canvas").first
     curves.scroll_into_view_if_needed()
     c = curves.bounding_box()
     page.mouse.click(c["x"] + 0.5 * c["width"], c["y"] + 0.5 * c["height"])

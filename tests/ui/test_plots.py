@@ -1,4 +1,4 @@
-"""Plot builders: Polars in, HoloViews out; changing the step changes the elements' data."""
+"""Plot data and figures: Polars in, HoloViews elements or session-long Bokeh figures out."""
 
 import holoviews as hv
 import panel as pn
@@ -41,19 +41,24 @@ def test_token_metric_values(short_run):
     assert drift["value"].null_count() <= 1 and len(drift) == len(t)
 
 
-def test_token_strip_and_cursor_follow_step(short_run):
+def test_token_strip_figure_and_cursor_follow_step(short_run):
+    from trajscope.ui.step_figures import TokenStripFigure
+
     P = short_run.prompt_len
     lay = plots.token_layout(short_run.tokens, plots.token_metric_values(short_run.tokens, "entropy"))
-    strip = plots.token_strip(lay, P, "entropy")
-    rects = strip.get(0)
-    assert isinstance(rects, hv.Rectangles) and len(rects) == len(short_run.tokens)
-    bar = strip.get(2)
-    assert bar.dimension_values("x0")[0] == pytest.approx(lay.filter(pl.col("pos") == P)["x0"][0] - 0.05)
-    c3 = plots.token_cursor(lay, P + 2, P + 3)
-    c4 = plots.token_cursor(lay, P + 3, P + 4)
-    assert not np.allclose(c3.array(["x0"]), c4.array(["x0"]))
-    # step 4's query box is step 3's produced box
-    assert c4.array(["x0"])[0, 0] == pytest.approx(c3.array(["x0"])[1, 0])
+    fig = TokenStripFigure()
+    fig.show(lay, P, "entropy", ["#000000", "#ffffff"])
+    assert fig.source.data["pos"].tolist() == short_run.tokens["pos"].to_list()
+    assert fig.bar.data["x0"][0] == pytest.approx(lay.filter(pl.col("pos") == P)["x0"][0] - 0.05)
+    vals = lay["value"].drop_nulls()
+    assert (fig.mapper.low, fig.mapper.high) == pytest.approx((vals.min(), vals.max()))
+    assert fig.colorbar.title == "entropy" and fig.hover.tooltips[-1] == ("entropy", "@value{0.000}")
+    fig.show(lay, P, "drift", ["#000000", "#ffffff"], centred=True)  # a centred score: symmetric range
+    assert fig.mapper.low == -fig.mapper.high
+    b3 = plots.token_cursor_boxes(lay, P + 2, P + 3)
+    b4 = plots.token_cursor_boxes(lay, P + 3, P + 4)
+    assert b3[0]["left"] != b4[0]["left"]
+    assert b4[0]["left"] == pytest.approx(b3[1]["left"])  # step 4's query box is step 3's produced box
     boxes = plots.token_cursor_boxes(lay, P - 1, 10_000)
     assert boxes[0]["visible"] and not boxes[1]["visible"]
 
@@ -108,25 +113,31 @@ def test_top_attended(short_run):
     assert mean["weight"].sum() <= 1.0 + 1e-6 and (mean["weight"].diff().drop_nulls() <= 0).all()
 
 
-def test_telemetry_plot_and_step_cursor(short_run):
+def test_telemetry_and_next_token_figures(short_run):
+    from trajscope.ui.step_figures import NextTokenFigure, TelemetryFigure
+
     tele = step_telemetry(short_run.attention, 0, None)
-    ov = plots.telemetry_plot(tele)
-    curves = [e for e in ov if isinstance(e, hv.Curve)]
-    assert len(curves) == 5 and len(curves[0]) == short_run.n_steps  # 4 statistics + the top-8 overlap
-    jumps = [e for e in ov if isinstance(e, hv.Scatter)][0]
-    assert len(jumps) == int(tele["sharp_jump"].sum()) <= int(tele["jump"].sum())
-    assert plots.step_cursor(3).data == 3 and plots.step_cursor(8).data == 8
-    nt = plots.next_token_plot(short_run.tokens, short_run.prompt_len)
-    assert len(nt.get(0)) == short_run.n_steps
+    fig = TelemetryFigure()
+    fig.show(tele, "layer 0")
+    data = fig.source.data
+    assert data["step"].tolist() == list(range(short_run.n_steps)) and fig.figure.title.text == "layer 0"
+    np.testing.assert_allclose(data["prefix_mass"], tele["prefix_mass"].to_numpy())
+    assert len(fig.jumps.data["step"]) == int(tele["sharp_jump"].sum()) <= int(tele["jump"].sum())
+    models = {m.id for m in fig.figure.references()}
+    fig.show(step_telemetry(short_run.attention), "mean")  # a new selection: same models, new data
+    assert {m.id for m in fig.figure.references()} == models
+    nt = NextTokenFigure()
+    nt.show(short_run.tokens, short_run.prompt_len)
+    assert len(nt.source.data["step"]) == short_run.n_steps
+    np.testing.assert_allclose(-nt.source.data["nll"][:3], short_run.tokens["logprob"].to_numpy()[
+        short_run.prompt_len: short_run.prompt_len + 3], rtol=1e-6)
 
 
 def test_builders_render_with_bokeh(short_run):
     P = short_run.prompt_len
     q = step_queries(short_run.attention)
-    lay = plots.token_layout(short_run.tokens, plots.token_metric_values(short_run.tokens, "logprob"))
-    for el in (plots.token_strip(lay, P) * plots.token_cursor(lay, P, P + 1),
-               plots.attention_heatmap(short_run.attention_rows(0)[0].numpy(), P) * plots.attention_cursor(2, P, 20),
-               plots.head_grid(q, 1, "entropy"), plots.telemetry_plot(step_telemetry(short_run.attention)) * plots.step_cursor(1)):
+    for el in (plots.attention_heatmap(short_run.attention_rows(0)[0].numpy(), P) * plots.attention_cursor(2, P, 20),
+               plots.head_grid(q, 1, "entropy")):
         root = pn.pane.HoloViews(el).get_root(Document())  # as the views render them
         assert root.select_one({"type": Plot}) is not None
 

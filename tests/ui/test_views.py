@@ -54,13 +54,13 @@ def test_token_telemetry_and_grid_clicks(short_run):
     lay = app.tokens.layout_df
     P = short_run.prompt_len
     r = lay.filter(pl.col("pos") == P + 3).row(0, named=True)
-    app.tokens.tap.event(x=r["xc"], y=r["yc"])  # what a click on that token sends
+    app.tokens.click(r["xc"], r["yc"])  # what a click on that token sends
     assert app.state.step == 4
-    app.tokens.tap.event(x=-50.0, y=3.0)  # a click beside the tokens changes nothing
+    app.tokens.click(-50.0, 3.0)  # a click beside the tokens changes nothing
     assert app.state.step == 4
-    app.telemetry.taps["attention"].event(x=7.3, y=0.4)
+    app.telemetry.click(7.3)
     assert app.state.step == 7
-    app.telemetry.taps["tokens"].event(x=1.6, y=2.0)
+    app.telemetry.click(1.6)
     assert app.state.step == 2
     app.attention._on_grid_tap(x=2.1, y=3.2)
     assert (app.state.layer, app.state.head) == (3, 2)
@@ -394,3 +394,29 @@ def test_hidden_tabs_defer_their_analyses_until_opened(sample_model, fresh_model
     assert app.drift.settings.drift is None
     app.tabs.active = titles.index("Drift")
     assert app.drift.settings.drift is not None and app.drift.settings.drift["pos"].max() >= traj.prompt_len
+
+
+def test_redraw_once_recomputes_the_model_graph_only_when_models_change(monkeypatch):
+    """A data-only update (the Overview's figures) costs no model-graph recompute; a model swap costs one."""
+    from bokeh.document import Document
+    from bokeh.models import ColumnDataSource, Row, Spacer
+
+    from trajscope.ui.views._base import redraw_once
+
+    doc, src = Document(), ColumnDataSource({"x": [1]})
+    root = Row(children=[Spacer()], tags=[src])
+    doc.add_root(root)
+    n_models = len(doc.models)
+    calls = []
+    real = doc.models.recompute
+    monkeypatch.setattr(doc.models, "recompute", lambda: (calls.append(1), real())[1])
+    with redraw_once(doc):
+        src.data = {"x": [1, 2, 3]}
+    assert calls == []
+    with redraw_once(doc):
+        with redraw_once(doc):  # nested: the outer block recomputes
+            root.children = [Spacer(), Spacer()]
+        new = Spacer()
+        root.children = [new]
+        assert calls == [] and doc.models.get_by_id(new.id) is None  # not yet known to the document
+    assert calls == [1] and doc.models.get_by_id(new.id) is new and len(doc.models) == n_models

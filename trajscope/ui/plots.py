@@ -1,14 +1,14 @@
-"""Plot builders: Polars frames (or arrays) in, HoloViews elements out. Pure functions.
+"""Plot data and builders: Polars frames (or arrays) in, plot data or HoloViews elements out. Pure functions.
 
-Every builder takes plain data and returns a HoloViews element; nothing here
-reads app state or imports Panel, so a plot is reproducible from a run directory
-and unit-testable. Builders come in two kinds, so that moving the step cursor
+Nothing here reads app state or imports Panel, so a plot is reproducible from a
+run directory and unit-testable. Two kinds, so that moving the step cursor
 redraws almost nothing:
 
-- *base* plots that depend on the run and the selection (token strip, attention
-  heatmap, telemetry curves);
-- *cursors* that depend on the step only (current token outline, current query
-  row, current-step line), overlaid on the bases by the views.
+- *base* plots and their data, which depend on the run and the selection (token
+  layout and colours, attention heatmap, head grid); the Overview's figures
+  that live for the session are in :mod:`trajscope.ui.step_figures`;
+- *cursor* coordinates, which depend on the step only (current token outline,
+  current query row), set on annotations by the views.
 
 Axes follow DESIGN.md: ``pos`` is the absolute token position, ``step`` 0 is
 prefill, step s ≥ 1 queries position ``P + s − 1``.
@@ -20,11 +20,9 @@ import holoviews as hv
 import holoviews.plotting.bokeh  # noqa: F401  (registers the bokeh backend's plot options)
 import numpy as np
 import polars as pl
-from bokeh.core.properties import value
 
 from trajscope import positions
 from trajscope.metrics.attention import TELEMETRY_FIELDS
-from trajscope.metrics.next_token import step_outputs
 
 hv.Store.set_current_backend("bokeh")
 
@@ -127,52 +125,6 @@ def token_at(layout: pl.DataFrame, x: float | None, y: float | None) -> int | No
     return None if hit.is_empty() else int(hit["pos"][0])
 
 
-def token_strip(layout: pl.DataFrame, prompt_len: int, metric_label: str = "value", cmap: str = "viridis",
-                height_lines: int = 8) -> hv.Overlay:
-    """Token boxes coloured by a metric, whitespace visible, the prefill/decode boundary as a red bar.
-
-    Args:
-        layout: from :func:`token_layout`.
-        prompt_len: P; the bar is drawn before the token at pos P.
-    Returns:
-        Overlay of ``Rectangles`` (colour = value, hover shows pos/step/value), ``Labels`` and ``Segments``.
-    """
-    df = layout.with_columns(pl.col("value").fill_null(float("nan")))
-    n_lines = int(-df["y0"].min() + 0.5) if len(df) else 1
-    data = {c: df[c].to_numpy() for c in ("x0", "y0", "x1", "y1", "value", "pos", "step")}
-    data["token"] = df["label"].to_list()
-    data["phase"] = df["phase"].to_list()
-    rects = hv.Rectangles(data, kdims=["x0", "y0", "x1", "y1"],
-                          vdims=[hv.Dimension("value", label=metric_label), "pos", "step", "token", "phase"])
-    vals = df["value"].drop_nans()
-    lo, hi = (float(vals.min()), float(vals.max())) if len(vals) else (0.0, 1.0)
-    if cmap == "RdBu_r":
-        m = max(abs(lo), abs(hi), 1e-9)
-        lo, hi = -m, m
-    hi = hi if hi > lo else lo + 1e-9
-    rects = rects.opts(color="value", cmap=cmap, clim=(lo, hi), colorbar=True,
-                       line_color="white", tools=["hover", "tap"], fill_alpha=0.85,
-                       hover_tooltips=[("pos", "@pos"), ("step", "@step"), ("token", "@token"), ("phase", "@phase"),
-                                       (metric_label, "@value{0.000}")],
-                       clipping_colors={"NaN": "#e0e0e0"}, nonselection_alpha=1.0, selection_alpha=1.0)
-    ink = text_colors(df["value"].to_numpy(), cmap, lo, hi)
-    labels = hv.Labels({"x": df["xc"].to_numpy(), "y": df["yc"].to_numpy(), "text": df["label"].to_list(), "ink": ink},
-                       kdims=["x", "y"], vdims=["text", "ink"]).opts(text_font=value("monospace"), text_font_size="9pt",
-                                                                    text_color="ink")
-    b = layout.filter(pl.col("pos") == prompt_len)
-    segs = {"x0": [], "y0": [], "x1": [], "y1": []}
-    if len(b):
-        x, y0 = float(b["x0"][0]) - 0.05, float(b["y0"][0]) - 0.08
-        segs = {"x0": [x], "y0": [y0], "x1": [x], "y1": [y0 + 1.0]}
-    bar = hv.Segments(segs, kdims=["x0", "y0", "x1", "y1"]).opts(color=CURSOR_COLOR, line_width=4)
-    ymin = -min(n_lines, height_lines)
-    return (rects * labels * bar).opts(
-        xaxis=None, yaxis=None, ylim=(ymin - 0.05, 0.05), xlim=(-0.5, max(float(df["x1"].max() or 1), 20.0) + 0.5),
-        height=34 * min(n_lines, height_lines) + 60, responsive=True, toolbar="right", show_grid=False,
-        active_tools=["tap"], default_tools=["ypan", "reset"], hooks=[no_selection_style],
-        title="Tokens — prompt | generated (click a token to jump to its step)")
-
-
 def text_colors(values: np.ndarray, cmap: str, lo: float, hi: float, alpha: float = 0.85) -> list[str]:
     """Black or white per value, whichever has the higher WCAG contrast on the fill ``cmap`` gives it
     (blended over white with ``alpha``); NaN boxes are light grey, so black."""
@@ -192,20 +144,6 @@ def text_colors(values: np.ndarray, cmap: str, lo: float, hi: float, alpha: floa
     return out
 
 
-def no_selection_style(plot, element) -> None:
-    """HoloViews hook: a click (tap) selects nothing visibly; it only moves the step.
-
-    Bokeh fades non-selected glyphs after a tap; in the token strip that faded every other label and left
-    the clicked token highlighted after the arrow keys moved on. Selected and non-selected glyphs are
-    drawn like the normal glyph.
-    """
-    for r in plot.state.renderers:
-        glyph = getattr(r, "glyph", None)
-        if glyph is not None and hasattr(r, "nonselection_glyph"):
-            r.selection_glyph = glyph.clone()
-            r.nonselection_glyph = glyph.clone()
-
-
 def token_cursor_boxes(layout: pl.DataFrame, query_pos: int, produced_pos: int | None = None) -> list[dict]:
     """Outline boxes of the current step's query token and of the token it produced.
 
@@ -222,17 +160,6 @@ def token_cursor_boxes(layout: pl.DataFrame, query_pos: int, produced_pos: int |
         else:
             out.append({"left": 0.0, "right": 0.0, "bottom": 0.0, "top": 0.0, "visible": False})
     return out
-
-
-def token_cursor(layout: pl.DataFrame, query_pos: int, produced_pos: int | None = None) -> hv.Rectangles:
-    """:func:`token_cursor_boxes` as a HoloViews element (query solid, produced dashed), for static figures."""
-    boxes = token_cursor_boxes(layout, query_pos, produced_pos)
-    rows = [(b["left"], b["bottom"], b["right"], b["top"], role) for b, role in zip(boxes, ("query", "produced"))
-            if b["visible"]]
-    data = {k: [r[i] for r in rows] for i, k in enumerate(("x0", "y0", "x1", "y1", "role"))}
-    return hv.Rectangles(data, kdims=["x0", "y0", "x1", "y1"], vdims=["role"]).opts(
-        fill_alpha=0.0, line_color=CURSOR_COLOR, line_width=hv.dim("role").categorize({"query": 3, "produced": 1.5}),
-        line_dash=hv.dim("role").categorize({"query": "solid", "produced": "dashed"}), tools=[])
 
 
 # -- attention ------------------------------------------------------------------------------------
@@ -362,49 +289,6 @@ def top_attended(queries: pl.DataFrame, tokens: pl.DataFrame, step: int, layer: 
 
 
 # -- telemetry ------------------------------------------------------------------------------------
-def telemetry_plot(tele: pl.DataFrame, fields: tuple[str, ...] = ("entropy_norm", "prefix_mass", "generated_mass", "sink_mass"),
-                   title: str = "Attention telemetry over steps") -> hv.Overlay:
-    """Curves over steps of attention statistics (all in [0, 1]) and phase-jump markers.
-
-    Args:
-        tele: :func:`trajscope.metrics.attention.step_telemetry` output (step, fields…, jaccard, sharp_jump).
-        fields: columns to draw.
-    Returns:
-        Overlay of one ``Curve`` per field, the top-k overlap curve, and a ``Scatter`` of the sharp phase
-        jumps (at y = 1.02).
-    """
-    curves = [hv.Curve((tele["step"].to_numpy(), tele[f].cast(pl.Float64).to_numpy()), "step", hv.Dimension("value", range=(0, 1.05)),
-                       label=CURVE_LABELS.get(f, f)).opts(color=CURVE_COLORS.get(f, "black"), line_width=1.8,
-                                                          tools=["hover", "tap"])
-              for f in fields]
-    overlap = hv.Curve((tele["step"].to_numpy(), tele["jaccard"].cast(pl.Float64).to_numpy()), "step",
-                       hv.Dimension("value", range=(0, 1.05)), label="top-8 overlap with previous step (Jaccard)").opts(
-        color=JUMP_COLOR, line_width=1.2, line_dash="dotted", tools=["hover"])
-    col = "sharp_jump" if "sharp_jump" in tele.columns else "jump"
-    jumps = tele.filter(pl.col(col))
-    scatter = hv.Scatter((jumps["step"].to_numpy(), np.full(len(jumps), 1.02)), "step", "value",
-                         label="sharp jump (overlap < 0.5 and far below this run's typical)").opts(
-        color=JUMP_COLOR, marker="inverted_triangle", size=9)
-    return hv.Overlay([*curves, overlap, scatter]).opts(
-        title=title, responsive=True, height=300, legend_position="right", xlabel="step (0 = prefill)",
-        ylabel="fraction", show_grid=True, toolbar="right")
-
-
-def next_token_plot(tokens: pl.DataFrame, prompt_len: int) -> hv.Overlay:
-    """Next-token entropy and the produced token's −logprob over steps (the model's own uncertainty).
-
-    Both are computed by step s and drawn at x = s (:func:`trajscope.metrics.next_token.step_outputs`).
-    """
-    df = step_outputs(tokens, prompt_len)
-    ent_df = df.filter(pl.col("entropy").is_not_null())
-    ent = hv.Curve((ent_df["step"].to_numpy(), ent_df["entropy"].cast(pl.Float64).to_numpy()), "step", "nats",
-                   label="next-token entropy").opts(color="#1f77b4", tools=["hover", "tap"])
-    nll = hv.Curve((df["step"].to_numpy(), (-df["logprob"].cast(pl.Float64)).to_numpy()), "step", "nats",
-                   label="−logprob of produced token").opts(color="#ff7f0e", tools=["hover", "tap"])
-    return (ent * nll).opts(title="Next-token distribution over steps", responsive=True, height=220,
-                            legend_position="right", xlabel="step (0 = prefill)", ylabel="nats", show_grid=True)
-
-
 def empty_telemetry(fields: tuple[str, ...] = TELEMETRY_FIELDS) -> pl.DataFrame:
     """A telemetry frame with no steps (the shape :func:`telemetry_plot` draws before there is a run)."""
     return pl.DataFrame(schema={"step": pl.Int32, **{f: pl.Float64 for f in fields}, "jaccard": pl.Float64,
@@ -417,12 +301,7 @@ def empty_tokens() -> pl.DataFrame:
                                 "logprob": pl.Float32, "entropy": pl.Float32, "token_id": pl.Int64})
 
 
-def step_cursor(step: int) -> hv.VLine:
-    """Vertical line at the current step (overlaid on telemetry plots)."""
-    return hv.VLine(float(step)).opts(color=CURSOR_COLOR, line_width=2)
-
-
-__all__ = ["visible", "token_metric_values", "token_layout", "token_at", "token_strip", "token_cursor_boxes",
-           "token_cursor", "attention_matrix", "attention_heatmap", "attention_cursor_box", "attention_cursor",
+__all__ = ["visible", "token_metric_values", "token_layout", "token_at", "token_cursor_boxes", "text_colors",
+           "attention_matrix", "attention_heatmap", "attention_cursor_box", "attention_cursor",
            "head_grid", "head_box", "top_attended",
-           "telemetry_plot", "next_token_plot", "step_cursor", "TELEMETRY_FIELDS"]
+           "empty_telemetry", "empty_tokens", "TELEMETRY_FIELDS"]

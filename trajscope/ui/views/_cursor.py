@@ -3,10 +3,10 @@
 Re-rendering a HoloViews overlay costs tens of milliseconds per plot (ranges,
 extents, option lookups over every layer), too slow for scrubbing a long run.
 The base plots are rendered once per run / selection; a :class:`Cursor` adds a
-few Bokeh annotations to each rendered figure through a HoloViews ``hooks``
-entry and, on a step change, only sets their coordinates, which Bokeh sends to
+few Bokeh annotations to each figure (:meth:`Cursor.attach`, or a HoloViews
+``hooks`` entry for a rendered element) and, on a step change, only sets their coordinates, which Bokeh sends to
 the browser as a handful of property changes. The coordinates come from the
-pure functions of :mod:`trajscope.ui.plots` (``*_box`` / ``step_cursor``).
+pure functions of :mod:`trajscope.ui.plots` (``*_box``).
 """
 
 from __future__ import annotations
@@ -57,11 +57,14 @@ class Cursor:
         self.step = 0
 
     def hook(self, plot, element) -> None:
-        """HoloViews hook: add the annotations to ``plot.state`` once per figure; on later updates of the
-        same figure, only move them to the current step (the data under them may have changed)."""
-        fig = plot.state
+        """HoloViews hook: :meth:`attach` to the rendered figure (once per figure; on later updates of the
+        same figure, the annotations only move to the current step: the data under them may have changed)."""
+        self.attach(plot.state)
+
+    def attach(self, fig) -> None:
+        """Add the annotations to the Bokeh figure ``fig`` (once; again only moves them to the current step)."""
         mine = [a for a in self.annotations if a[0] in fig.center]
-        if mine:  # the figure was updated in place (a DynamicMap): move its annotations to the current step
+        if mine:
             self._apply(mine[0], self.props(self.step))
             return
         self.annotations = [a for a in self.annotations if a[0].document is not None]  # figures gone
