@@ -80,7 +80,10 @@ def test_no_long_task_while_streaming(app_page):
     generate(page, app, 300)
     t_click = page.evaluate("() => performance.now()")
     wait_until(lambda: app.controls.job is not None and bool(app.controls.job.timings), page, timeout=TIMEOUT)
-    t_end = page.evaluate("() => performance.now()")
+    # the window ends when the capture ended on the server, in the page's clock (same machine, epoch time):
+    # polling for it here would let the finished run's drawing slip into the window
+    captured_epoch = time.time() - (time.monotonic() - app.controls.job.t_captured)
+    t_end = captured_epoch * 1000 - page.evaluate("() => performance.timeOrigin")
     wait_until(lambda: not app.state.busy, page, timeout=TIMEOUT)
     assert app.state.trajectory.n_steps == 300
     tasks = [(round(s - t_click), round(d)) for s, d in page.evaluate("() => window.__lt") if t_click <= s <= t_end]
