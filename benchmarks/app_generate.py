@@ -128,7 +128,7 @@ def one_generation(page, app, model, n: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presses", type=int, default=60, help="key presses per tab")
-    ap.add_argument("--reps", type=int, default=3, help="interleaved app / capture repetitions per length")
+    ap.add_argument("--reps", type=int, default=5, help="interleaved app / capture repetitions per length")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "app_generate.json"))
     ap.add_argument("--port", type=int, default=5093)
     args = ap.parse_args()

@@ -4,7 +4,8 @@
   (``param`` only, no Panel; a layout test enforces it);
 - :mod:`trajscope.ui.plots` and :mod:`trajscope.ui.analysis_plots` turn Polars frames into HoloViews
   elements (pure functions over the numbers of :mod:`trajscope.metrics`, so the app shows what
-  reports and exports hold);
+  reports and exports hold); :mod:`trajscope.ui.step_figures` holds the Overview's Bokeh figures,
+  built once per session, whose data a new run replaces;
 - :mod:`trajscope.ui.runner` runs captures off the event loop on a shared, locked model;
 - :mod:`trajscope.ui.export` builds downloads;
 - :mod:`trajscope.ui.views` binds them in Panel ``Viewer`` classes (tokens, attention, telemetry,
