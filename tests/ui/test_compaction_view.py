@@ -96,3 +96,11 @@ def test_app_has_the_compaction_tab_before_export(short_run):
     names = list(app.tabs._names)
     assert names.index("Eviction") < names.index("Compaction") < names.index("Export")
     assert app.compaction.state is app.state
+
+
+def test_an_ndif_model_is_refused_in_one_sentence(view):
+    view.state.remote = True
+    view.run()
+    s = view.settings
+    assert s.result is None and not s.busy
+    assert s.status.startswith("The compaction card needs key masks, which run on a local model only")

@@ -95,3 +95,12 @@ def test_app_has_the_eviction_tab_before_export(short_run):
     names = list(app.tabs._names)
     assert names.index("Eviction") < names.index("Export")
     assert app.eviction.state is app.state
+
+
+def test_an_ndif_model_is_refused_in_one_sentence(view):
+    """Eviction masks keys, which runs on a local model only (the same refusal as the Compaction card)."""
+    view.state.remote = True
+    view.run()
+    s = view.settings
+    assert s.result is None and not s.busy
+    assert s.status.startswith("The eviction card needs key masks, which run on a local model only")

@@ -121,6 +121,24 @@ def _slots() -> int:
 QUEUE = GenerationQueue(_slots)
 
 
+def local_model(state: Any, card: str, loader: Callable[[str], ModelHandle] | None = None) -> ModelHandle:
+    """The model a card that masks keys runs on (Eviction, Compaction): a local one, or one sentence why not.
+
+    Args:
+        state: the app state (its model source and NDIF flag).
+        card: the card's name, for the message.
+        loader: ``(source) -> ModelHandle`` to use instead of the shared cache (tests).
+    Raises:
+        TrajscopeError: the model is an NDIF model, or the operator does not allow it.
+    """
+    if state.remote:
+        raise TrajscopeError(f"The {card} card needs key masks, which run on a local model only: untick "
+                             "'NDIF remote' and choose a local model.")
+    if loader is not None:
+        return loader(state.model_source)
+    return get_model(state.model_key()[0])  # a model the operator allows (one sentence otherwise)
+
+
 def error_id() -> str:
     """A short id that ties the sentence a browser shows to the server log's traceback."""
     import uuid

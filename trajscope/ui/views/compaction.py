@@ -42,14 +42,9 @@ class CompactionView(StateView):
         self._ticket = 0
 
     def _model(self):
-        if self.model_loader is not None:
-            return self.model_loader(self.state.model_source)
-        from trajscope.ui.runner import get_model
+        from trajscope.ui.runner import local_model
 
-        source, remote = self.state.model_key()  # a model the operator allows (one sentence otherwise)
-        if remote:
-            raise TrajscopeError("The compaction card needs key masks, which run on a local model only.")
-        return get_model(source)
+        return local_model(self.state, "compaction", self.model_loader)
 
     def new_synthetic(self, *_) -> None:
         """Fill the fields with the next synthetic session."""

@@ -65,11 +65,9 @@ class EvictionView(StateView):
 
     # -- work (worker thread) -----------------------------------------------------------
     def _model(self):
-        if self.model_loader is not None:
-            return self.model_loader(self.state.model_source)
-        from trajscope.ui.runner import get_model
+        from trajscope.ui.runner import local_model
 
-        return get_model(self.state.model_key()[0])  # a model the operator allows
+        return local_model(self.state, "eviction", self.model_loader)
 
     def run(self, *_) -> None:
         """Run the study for the chosen policy and budget on the run on screen (on a worker thread when served)."""
