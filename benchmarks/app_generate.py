@@ -6,7 +6,10 @@
    time runs, in the browser, from the click event to the first frame painted
    after the status reads "Done" (the run's plots arrive in the same message). The same
    prompt is then captured with :func:`trajscope.capture` and the very config the
-   app's job resolved (same layers kept, same rows computed): what the CLI runs.
+   app's job resolved (same layers kept, same rows computed): what the CLI runs, in
+   a child process with the command line's environment (the served app sets
+   ``OMP_WAIT_POLICY=PASSIVE``, :mod:`trajscope.ui.serving_env`; this process does the
+   same, as ``apps/trajscope.py`` does, and the CLI does not).
    Reports the median ratio app / capture over --reps interleaved repetitions for 64 and 300 tokens (target ≤ 1.5×). The
    model is loaded before either is timed.
 2. **Keypress to all plots updated.** On the finished 300-step run, presses →
@@ -27,12 +30,28 @@ import os
 import pathlib
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+CLI_ENV = dict(os.environ)  # the environment the command line runs with
+
+
+def _serving_env():  # by path, as apps/trajscope.py does: importing trajscope would load torch first
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trajscope_serving_env", ROOT / "trajscope" / "ui" / "serving_env.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+if "--baseline" not in sys.argv:
+    _serving_env().apply()  # this process serves the app: the served app's environment
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 PROMPT = "class Stack:\n    def push(self, x):\n"
@@ -94,10 +113,49 @@ def expected(cs, step: int) -> dict:
     return {k: v for k, v in out.items() if v}
 
 
-def one_generation(page, app, model, n: int) -> dict:
-    """Generate ``n`` tokens of :data:`PROMPT` in the page, then capture the same with the same config."""
-    import trajscope as ts
+class Baseline:
+    """``trajscope.capture`` in a child process with the command line's environment, the model loaded once."""
 
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--baseline"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=CLI_ENV, cwd=ROOT)
+
+    def capture(self, prompt: str, config) -> dict:
+        if config.sae is not None or config.probe is not None or config.steering:
+            raise SystemExit("the baseline child captures without an SAE, probe or steering; the app's config has one")
+        self.proc.stdin.write(json.dumps({"prompt": prompt, "config": config.to_dict()}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def baseline_child() -> None:
+    """The child: read ``{prompt, config}`` lines, capture each (after one warm-up), answer with its time."""
+    import trajscope as ts
+    from trajscope.capture import CaptureConfig
+    from trajscope.ui import runner
+
+    model = runner.get_model("sample")
+    warm = False
+    for line in sys.stdin:
+        req = json.loads(line)
+        cfg = CaptureConfig.from_dict(req["config"])
+        if not warm:
+            ts.capture(model, req["prompt"], cfg)
+            warm = True
+        time.sleep(0.5)
+        t1 = time.perf_counter()
+        traj = ts.capture(model, req["prompt"], cfg)
+        t = time.perf_counter() - t1
+        print(json.dumps({"s": t, "prompt_ids": traj.token_ids[: traj.prompt_len], "n_steps": traj.n_steps,
+                          "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}), flush=True)
+
+
+def one_generation(page, app, baseline: Baseline, n: int) -> dict:
+    """Generate ``n`` tokens of :data:`PROMPT` in the page, then capture the same with the same config."""
     area = page.locator(".ts-prompt textarea")
     area.fill(PROMPT)
     area.press("Tab")
@@ -116,11 +174,9 @@ def one_generation(page, app, model, n: int) -> dict:
     t_app = page.evaluate("() => (window.__t_done - window.__t_click) / 1000")
     traj, config = app.state.trajectory, app.controls.job.config
     ids = traj.token_ids[: traj.prompt_len]
-    time.sleep(0.5)
-    t1 = time.perf_counter()
-    ref = ts.capture(model, PROMPT, config)
-    t_cap = time.perf_counter() - t1
-    assert ref.token_ids[: len(ids)] == ids and ref.n_steps == traj.n_steps
+    ref = baseline.capture(PROMPT, config)
+    t_cap = ref["s"]
+    assert ref["prompt_ids"] == ids and ref["n_steps"] == traj.n_steps
     return {"steps": traj.n_steps, "app_s": t_app, "capture_s": t_cap, "ratio": t_app / t_cap,
             "app_job": dict(app.controls.job.timings)}
 
@@ -140,7 +196,8 @@ def main() -> None:
     from trajscope.ui import runner
     from trajscope.ui.views.app import default_page
 
-    model = runner.get_model("sample")  # loaded once, shared by the app and the capture
+    runner.get_model("sample")  # loaded before anything is timed
+    baseline = Baseline()
     apps = []
 
     def make():
@@ -151,6 +208,8 @@ def main() -> None:
     server = pn.serve(make, port=args.port, show=False, threaded=True, title="trajscope")
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                          f"{torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d %H:%M"),
+              "environment": {"app": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
+                              "capture (child)": {"OMP_WAIT_POLICY": CLI_ENV.get("OMP_WAIT_POLICY")}},
               "generate": {}, "keypress_ms": {}}
     try:
         with sync_playwright() as p:
@@ -164,7 +223,7 @@ def main() -> None:
             runs: dict[int, list[dict]] = {64: [], 300: []}
             for rep in range(args.reps):
                 for n in (64, 300):
-                    runs[n].append(one_generation(page, app, model, n))
+                    runs[n].append(one_generation(page, app, baseline, n))
                     r = runs[n][-1]
                     print(f"{n} tokens (rep {rep + 1}): app {r['app_s']:.2f} s, capture {r['capture_s']:.2f} s, "
                           f"ratio {r['ratio']:.2f}; job {r['app_job']}")
@@ -200,6 +259,7 @@ def main() -> None:
             browser.close()
     finally:
         server.stop()
+        baseline.close()
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -207,4 +267,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    baseline_child() if "--baseline" in sys.argv else main()

@@ -104,7 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cmd.append("--show")
         print("--show asks for a browser; on a machine without a display none opens: open the address above.",
               file=sys.stderr)
-    return subprocess.call(cmd)
+    return subprocess.call(cmd)  # (the app file sets the served process's environment: ui/serving_env.py)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
