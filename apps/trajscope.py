@@ -23,19 +23,6 @@ import sys
 # would shadow the trajscope package: put the repository root in front of it.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-
-def _serving_env():  # trajscope/ui/serving_env.py by path: importing the package would load torch first
-    import importlib.util
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "trajscope" / "ui" / "serving_env.py"
-    spec = importlib.util.spec_from_file_location("trajscope_serving_env", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_serving_env().apply()  # before torch loads OpenMP: the app captures on worker threads (see that module)
-
 import panel as pn  # noqa: E402
 
 from trajscope.ui import operator  # noqa: E402

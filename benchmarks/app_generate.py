@@ -7,9 +7,11 @@
    after the status reads "Done" (the run's plots arrive in the same message). The same
    prompt is then captured with :func:`trajscope.capture` and the very config the
    app's job resolved (same layers kept, same rows computed): what the CLI runs, in
-   a child process with the command line's environment (the served app sets
-   ``OMP_WAIT_POLICY=PASSIVE``, :mod:`trajscope.ui.serving_env`; this process does the
-   same, as ``apps/trajscope.py`` does, and the CLI does not).
+   a clean child process with the command line's environment (inside this process,
+   next to the served app and the browser driver, the same capture ran about 1.4×
+   slower). ``--app-env KEY=VALUE`` sets a variable for the app's process only,
+   before torch loads (e.g. ``OMP_NUM_THREADS=1``); the baseline keeps the original
+   environment.
    Reports the median ratio app / capture over --reps interleaved repetitions for 64 and 300 tokens (target ≤ 1.5×). The
    model is loaded before either is timed.
 2. **Keypress to all plots updated.** On the finished 300-step run, presses →
@@ -38,20 +40,13 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CLI_ENV = dict(os.environ)  # the environment the command line runs with
+CLI_ENV = dict(os.environ)  # the environment the command line runs with (the baseline's)
+if "--baseline" not in sys.argv:  # --app-env KEY=VALUE: for the app's process only, set before torch loads
+    for i, a in enumerate(sys.argv):
+        if a == "--app-env" and i + 1 < len(sys.argv):
+            key, _, val = sys.argv[i + 1].partition("=")
+            os.environ[key] = val
 
-
-def _serving_env():  # by path, as apps/trajscope.py does: importing trajscope would load torch first
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("trajscope_serving_env", ROOT / "trajscope" / "ui" / "serving_env.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-if "--baseline" not in sys.argv:
-    _serving_env().apply()  # this process serves the app: the served app's environment
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 PROMPT = "class Stack:\n    def push(self, x):\n"
@@ -150,8 +145,8 @@ def baseline_child() -> None:
         t1 = time.perf_counter()
         traj = ts.capture(model, req["prompt"], cfg)
         t = time.perf_counter() - t1
-        print(json.dumps({"s": t, "prompt_ids": traj.token_ids[: traj.prompt_len], "n_steps": traj.n_steps,
-                          "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}), flush=True)
+        print(json.dumps({"s": t, "prompt_ids": traj.token_ids[: traj.prompt_len], "n_steps": traj.n_steps}),
+              flush=True)
 
 
 def one_generation(page, app, baseline: Baseline, n: int) -> dict:
@@ -187,6 +182,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="interleaved app / capture repetitions per length")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "app_generate.json"))
     ap.add_argument("--port", type=int, default=5093)
+    ap.add_argument("--app-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment variable for the app's process only (read before torch loads)")
     args = ap.parse_args()
     os.environ.setdefault("TRAJSCOPE_RUNS_DIR", tempfile.mkdtemp(prefix="trajscope-bench-runs-"))
     import panel as pn
@@ -208,8 +205,7 @@ def main() -> None:
     server = pn.serve(make, port=args.port, show=False, threaded=True, title="trajscope")
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                          f"{torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d %H:%M"),
-              "environment": {"app": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
-                              "capture (child)": {"OMP_WAIT_POLICY": CLI_ENV.get("OMP_WAIT_POLICY")}},
+              "app_env": args.app_env, "baseline": "trajscope.capture in a clean child process, CLI environment",
               "generate": {}, "keypress_ms": {}}
     try:
         with sync_playwright() as p:
