@@ -136,7 +136,8 @@ def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
     return dispatch
 
 
-def in_background(work: Callable[[], object], apply: Callable[[object], None], doc=None) -> None:
+def in_background(work: Callable[[], object], apply: Callable[[object], None], doc=None,
+                  name: str = "trajscope-analysis") -> None:
     """Run ``work()`` off the event loop and ``apply(result)`` back on it.
 
     In a served session ``work`` runs on a daemon thread and ``apply`` on the session's next tick
@@ -155,4 +156,4 @@ def in_background(work: Callable[[], object], apply: Callable[[object], None], d
         result = work()
         dispatch(lambda: apply(result))
 
-    threading.Thread(target=run, name="trajscope-analysis", daemon=True).start()
+    threading.Thread(target=run, name=name, daemon=True).start()

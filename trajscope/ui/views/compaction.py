@@ -14,7 +14,6 @@ changed is still shown, for the session that ran (its id is in the summary line)
 
 from __future__ import annotations
 
-import threading
 
 import panel as pn
 import param
@@ -22,7 +21,7 @@ import param
 from trajscope.errors import TrajscopeError
 from trajscope.ui import compaction_plots as cp
 from trajscope.ui.compaction_state import CompactionSettings, run_session, summary_line
-from trajscope.ui.views._base import StateView, dispatcher
+from trajscope.ui.views._base import StateView, in_background
 
 NOTE = ("A masks T1 and T2 from T3's first query on through the model's key mask (the summary's states, computed "
         "while T1/T2 were visible, are kept); B recomputes `<sys> <summary> <T3>` with fresh positions; C keeps "
@@ -68,22 +67,16 @@ class CompactionView(StateView):
         ticket = self._ticket
         s.param.update(busy=True, result=None, summary="", status=f"Running session {session.session_id} as A, B, C "
                                                                    f"and D ({n_new} greedy tokens each)…")
-        dispatch = dispatcher()
 
         def work():
             try:
-                out = (run_session(self._model(), session, n_new), "")
+                return run_session(self._model(), session, n_new), ""
             except TrajscopeError as exc:
-                out = (None, str(exc))
+                return None, str(exc)
             except Exception as exc:  # the card must stay usable
-                out = (None, f"Compaction run failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
-            dispatch(lambda: self._finish(ticket, *out))
+                return None, f"Compaction run failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
 
-        doc = pn.state.curdoc
-        if doc is not None and doc.session_context is not None:
-            threading.Thread(target=work, name="trajscope-compaction", daemon=True).start()
-        else:
-            work()
+        in_background(work, lambda out: self._finish(ticket, *out), name="trajscope-compaction")
 
     def _finish(self, ticket: int, res, message: str) -> None:
         if ticket != self._ticket:

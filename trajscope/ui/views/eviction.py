@@ -14,7 +14,6 @@ card has no Stop; a result that arrives after the run on screen changed is dropp
 
 from __future__ import annotations
 
-import threading
 
 import panel as pn
 import param
@@ -22,7 +21,7 @@ import param
 from trajscope.errors import TrajscopeError
 from trajscope.ui import eviction_plots as ep
 from trajscope.ui.eviction_state import LABELS, EvictionSettings, run_study
-from trajscope.ui.views._base import StateView, dispatcher
+from trajscope.ui.views._base import StateView, in_background
 from trajscope.ui.views._cursor import Cursor, vline
 
 NOTE = ("The study captures its own greedy run of this prompt (as many steps as this run) with every layer's "
@@ -85,23 +84,16 @@ class EvictionView(StateView):
         ticket, policy, budget, window = self._ticket, s.policy, float(s.budget), int(s.window)
         s.param.update(busy=True, result=None, summary="",
                        status=f"Running {LABELS[policy]} at budget {budget:g} on this run's prompt…")
-        dispatch = dispatcher()
 
         def work():
             try:
-                res = run_study(self._model(), traj, policy, budget, window)
-                out = (res, "")
+                return run_study(self._model(), traj, policy, budget, window), ""
             except TrajscopeError as exc:
-                out = (None, str(exc))
+                return None, str(exc)
             except Exception as exc:  # the card must stay usable
-                out = (None, f"Eviction study failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
-            dispatch(lambda: self._finish(ticket, traj, *out))
+                return None, f"Eviction study failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
 
-        doc = pn.state.curdoc
-        if doc is not None and doc.session_context is not None:
-            threading.Thread(target=work, name="trajscope-eviction", daemon=True).start()
-        else:
-            work()
+        in_background(work, lambda out: self._finish(ticket, traj, *out), name="trajscope-eviction")
 
     def _finish(self, ticket: int, traj, res, message: str) -> None:
         if ticket != self._ticket:
