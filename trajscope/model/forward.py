@@ -368,7 +368,8 @@ def numerics(*, tf32: bool | None = None, deterministic: bool | None = None,
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old[0], old[1]
         torch.use_deterministic_algorithms(old[2])
-        torch.set_num_threads(old[3])
+        if threads is not None:  # set_num_threads also fixes the count every new thread starts with
+            torch.set_num_threads(old[3])
         if old[4] is None:
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         else:

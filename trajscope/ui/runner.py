@@ -33,6 +33,7 @@ from typing import Any, Callable
 from trajscope.capture import capture
 from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle, load_model
+from trajscope.ui import openmp
 
 log = logging.getLogger(__name__)
 _MODELS: "collections.OrderedDict[tuple, ModelHandle]" = collections.OrderedDict()  # least recently used first
@@ -170,13 +171,16 @@ class GenerationJob:
         on_error: ``(message: str)`` one sentence; the API key is scrubbed from it.
         on_partial: ``(traj)`` with the steps so far (optional).
         on_wait: ``(n_ahead)`` while the job waits in :data:`QUEUE` for a free generation slot (optional).
+        threads: CPU threads of a local capture, for the worker thread only; default
+            :func:`~trajscope.ui.openmp.page_share` (all cores but one, left to the page).
     """
 
     def __init__(self, source: str, prompt: str, plan: Any, dispatch: Callable[[Callable[[], None]], None],
                  on_progress: Callable[[list], None], on_done: Callable[[Any], None], on_error: Callable[[str], None],
                  remote: bool = False, api_key: str | None = None, flush_every_s: float = 0.2,
                  on_partial: Callable[[Any], None] | None = None, partial_every_s: float = 2.0,
-                 loader: Callable | None = None, on_wait: Callable[[int], None] | None = None):
+                 loader: Callable | None = None, on_wait: Callable[[int], None] | None = None,
+                 threads: int | None = None):
         self.source, self.prompt, self.plan = source, prompt, plan
         self.on_wait = on_wait
         self.remote, self._api_key = remote, api_key
@@ -184,6 +188,7 @@ class GenerationJob:
         self.on_progress, self.on_partial, self.on_done, self.on_error = on_progress, on_partial, on_done, on_error
         self.flush_every_s, self.partial_every_s = flush_every_s, partial_every_s
         self.loader = loader
+        self.threads = threads
         self.cancel = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trajscope-generate", daemon=True)
         self.config = None  # the CaptureConfig actually used, once the model is known
@@ -268,6 +273,8 @@ class GenerationJob:
             t0 = time.monotonic()
             model = get_model(self.source, self.remote, self._api_key, loader=self.loader)
             self.config = self._config(model)
+            if not self.remote:
+                openmp.set_threads(self.threads if self.threads is not None else openmp.page_share())
             self._last_flush = self._last_partial = t1 = time.monotonic()
             traj = capture(model, self.prompt, self.config, on_step=self._on_step, cancel=self.cancel)
             self.t_captured = time.monotonic()

@@ -109,7 +109,8 @@ def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
     In a served session, ``fn`` is scheduled with ``add_next_tick_callback`` (the Bokeh document
     lock is held there, so models may change). In Jupyter (comms, no server session) it is queued
     on the kernel's event loop, the thread the widgets live on, in order; with no running loop
-    (plain scripts, tests) ``fn`` runs at once.
+    (plain scripts, tests) ``fn`` runs at once. ``dispatch.deferred`` says which: True when ``fn``
+    is queued for the loop.
     """
     import asyncio
 
@@ -133,6 +134,7 @@ def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
         else:
             fn()
 
+    dispatch.deferred = (doc is not None and doc.session_context is not None) or loop is not None
     return dispatch
 
 
@@ -142,18 +144,26 @@ def in_background(work: Callable[[], object], apply: Callable[[object], None], d
 
     In a served session ``work`` runs on a daemon thread and ``apply`` on the session's next tick
     (under the document lock); without a server session (Jupyter comms, tests) both run at once,
-    in order, on the calling thread.
+    in order, on the calling thread. While ``work`` runs, the event loop's thread lends it its
+    OpenMP cores (:func:`trajscope.ui.openmp.lend`).
     """
     import threading
+
+    from trajscope.ui import openmp
 
     doc = doc if doc is not None else pn.state.curdoc
     if doc is None or doc.session_context is None:
         apply(work())
         return
     dispatch = dispatcher(doc)
+    give_back = openmp.lend(dispatch)
 
     def run() -> None:
-        result = work()
-        dispatch(lambda: apply(result))
+        try:
+            result = work()
+        except BaseException:
+            dispatch(give_back)
+            raise
+        dispatch(lambda: (give_back(), apply(result)))
 
     threading.Thread(target=run, name=name, daemon=True).start()

@@ -22,6 +22,7 @@ import param
 
 from trajscope.errors import TrajscopeError
 from trajscope.ui import analysis_plots as ap
+from trajscope.ui import openmp
 from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths, skipped_depths
 from trajscope.ui.tables import table_pane
 from trajscope.ui.views._base import StateView, dispatcher, in_background
@@ -144,15 +145,17 @@ class SteeringView(StateView):
             s.status = "Generate or open a run first: steering continues the run's prompt."
             return
         s.busy, self._cancel = True, threading.Event()
+        give_back = openmp.lend(dispatch)  # the UI thread's OpenMP team steps aside while the model runs
 
         def run():
+            openmp.set_threads(openmp.page_share())  # as Generate: one core stays with the page
             try:
                 msg = work(dispatch)
             except TrajscopeError as exc:
                 msg = str(exc)
             except Exception as exc:  # the view must stay usable
                 msg = f"Steering failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-            dispatch(lambda: self._finish(msg))
+            dispatch(lambda: (give_back(), self._finish(msg)))
 
         threading.Thread(target=run, name="trajscope-steer", daemon=True).start()
 

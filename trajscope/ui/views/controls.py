@@ -19,7 +19,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.trajectory import Trajectory
 from trajscope.ui.plots import visible
 from trajscope.ui.runner import GenerationJob
-from trajscope.ui import saved_runs
+from trajscope.ui import openmp, saved_runs
 from trajscope.ui.operator import config
 from trajscope.ui.views._base import StateView, dispatcher, in_background, redraw_once
 from trajscope.ui.views.ticker import Ticker
@@ -33,6 +33,7 @@ class Controls(StateView):
     def __init__(self, **params):
         super().__init__(**params)
         self.job: GenerationJob | None = None
+        self._give_back = lambda: None  # ends the UI thread's OpenMP hold of the running generation
         self.listeners: list = []  # ``fn(events)`` called with each batch of streamed steps (the live view)
         self.on_start: list = []  # ``fn()`` called when a generation starts
         self.ticker = Ticker(css_classes=["ts-ticker", "ts-status"], sizing_mode="stretch_width", height=96,
@@ -75,8 +76,10 @@ class Controls(StateView):
         self.ticker.param.update(active=True, step=-1, max_steps=n, text="", message="")
         for fn in self.on_start:
             fn()
+        dispatch = dispatch or dispatcher()
+        self._give_back = openmp.lend(dispatch)  # the UI thread's OpenMP team steps aside until the run ends
         self.job = GenerationJob(
-            source, st.prompt, plan, dispatch or dispatcher(), remote=remote, api_key=st.ndif_api_key or None,
+            source, st.prompt, plan, dispatch, remote=remote, api_key=st.ndif_api_key or None,
             on_progress=self._on_progress, on_done=self._on_done, on_error=self._on_error, loader=loader,
             on_wait=self._on_wait)
         return self.job.start()
@@ -124,6 +127,7 @@ class Controls(StateView):
             fn(events)
 
     def _on_done(self, traj) -> None:
+        self._give_back()
         st = self.state
         t0 = time.monotonic()
         if self.job is not None and getattr(self.job, "t_captured", None) is not None:
@@ -159,6 +163,7 @@ class Controls(StateView):
         in_background(work, apply)
 
     def _on_error(self, message: str) -> None:
+        self._give_back()
         self.ticker.active = False
         self.state.busy = False
         self.state.report(message)
