@@ -9,7 +9,9 @@
    app's job resolved (same layers kept, same rows computed): what the CLI runs, in
    a clean child process with the command line's environment (inside this process,
    next to the served app and the browser driver, the same capture ran about 1.4×
-   slower). ``--app-env KEY=VALUE`` sets a variable for the app's process only,
+   slower). The model is loaded on a thread of its own, as the served app's warm-up
+   does (a thread that ran parallel ops keeps an OpenMP team; see
+   ``trajscope/ui/openmp.py``). ``--app-env KEY=VALUE`` sets a variable for the app's process only,
    before torch loads (e.g. ``OMP_NUM_THREADS=1``); the baseline keeps the original
    environment.
    Reports the median ratio app / capture over --reps interleaved repetitions for 64 and 300 tokens (target ≤ 1.5×). The
@@ -35,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -193,7 +196,12 @@ def main() -> None:
     from trajscope.ui import runner
     from trajscope.ui.views.app import default_page
 
-    runner.get_model("sample")  # loaded before anything is timed
+    # loaded before anything is timed, on a thread of its own as the served app's warm-up does: a
+    # thread that ran PyTorch's parallel ops keeps an OpenMP team, which throttles every other team
+    # (trajscope/ui/openmp.py); this script's main thread drives the browser and must hold none
+    loading = threading.Thread(target=runner.get_model, args=("sample",))
+    loading.start()
+    loading.join()
     baseline = Baseline()
     apps = []
 

@@ -379,6 +379,30 @@ def test_live_figure_shows_the_run_on_screen_between_generations(short_run):
     assert app.live.source.data["step"] == []
 
 
+def test_live_figure_streams_the_planned_steps_at_a_bounded_rate(short_run):
+    """While a run streams, the step axis spans the planned steps and the figure is updated at most every
+    STREAM_EVERY_S seconds (the browser's drawing shares the CPU with the capture); nothing is lost."""
+    from types import SimpleNamespace
+
+    from trajscope.ui.views import live
+
+    app = TrajScope(trajectory=short_run)
+    app.state.progress_max = 40
+    app.live.reset()
+    fig, t0 = app.live.figure, app.live._last_stream
+    assert (fig.x_range.start, fig.x_range.end) == (0, 39)
+    ev = [SimpleNamespace(step=i, next_entropy=0.5, mean_entropy=1.0, text="a") for i in range(5)]
+    app.live.append(ev[:2], now=t0 + 0.1)  # too soon after the last stream: kept
+    assert app.live.source.data["step"] == []
+    app.live.append(ev[2:4], now=t0 + live.STREAM_EVERY_S)
+    assert app.live.source.data["step"] == [0, 1, 2, 3] and app.live.n_streamed == 4
+    app.live.append(ev[4:], now=t0 + live.STREAM_EVERY_S + 0.1)
+    assert app.live.n_streamed == 4
+    app.state.param.trigger("revision")  # the finished run replaces the streamed steps
+    assert app.live.source.data["step"] == list(range(short_run.n_steps))
+    assert fig.x_range.end == short_run.n_steps - 1
+
+
 def test_hidden_tabs_defer_their_analyses_until_opened(sample_model, fresh_models):
     """A new run costs the SAE and Drift tabs nothing while they are hidden; opening one runs its analysis."""
     runner._MODELS[("sample", False, None)] = sample_model

@@ -7,17 +7,27 @@ the step's attention entropy (mean over layers and heads) against the step.
 Each batch of new steps is *appended* to the figure's data source with Bokeh's
 ``ColumnDataSource.stream`` — O(new steps) sent to the browser, no figure
 rebuilt — so the page stays responsive however long the run.
+
+The browser's drawing shares the CPU with the capture, so the figure is kept
+cheap to redraw: the step axis spans the planned steps from the start (the
+curve grows towards its end; no axis is re-laid out as steps arrive), and new
+steps are streamed at most every :data:`STREAM_EVERY_S` seconds (the ticker
+counts every step). Measured on the 2-CPU machine, streaming every batch took
+about 0.15 s of a 64-token Generate's 0.8 s.
 """
 
 from __future__ import annotations
 
 import panel as pn
-from bokeh.models import ColumnDataSource, HoverTool
+import time
+
+from bokeh.models import ColumnDataSource, HoverTool, Range1d
 from bokeh.plotting import figure
 
 from trajscope.ui.views._base import StateView
 
 COLUMNS = ("step", "next_entropy", "attn_entropy", "token")
+STREAM_EVERY_S = 0.5  # the figure's update period while a generation streams
 
 
 class LiveView(StateView):
@@ -26,7 +36,7 @@ class LiveView(StateView):
     def __init__(self, **params):
         super().__init__(**params)
         self.source = ColumnDataSource({c: [] for c in COLUMNS})
-        fig = figure(height=170, sizing_mode="stretch_width", toolbar_location=None,
+        fig = figure(height=170, sizing_mode="stretch_width", toolbar_location=None, x_range=Range1d(0, 1),
                      title="The run step by step (a generation streams here as each step finishes)", x_axis_label="step (0 = prefill)",
                      y_axis_label="nats")
         fig.line("step", "next_entropy", source=self.source, color="#1f77b4", legend_label="next-token entropy")
@@ -39,6 +49,8 @@ class LiveView(StateView):
         fig.add_layout(fig.legend[0], "right")  # beside the curves, not over them
         self.figure = fig
         self.n_streamed = 0
+        self._pending: list = []  # steps received but not yet streamed
+        self._last_stream = 0.0
         self.state.param.watch(self.show_run, "revision")
         self.show_run()
 
@@ -56,6 +68,8 @@ class LiveView(StateView):
         out = step_outputs(traj.tokens, traj.prompt_len).sort("step")
         attn = st.queries.group_by("step").agg(pl.col("entropy").mean()).sort("step")
         df = out.join(attn.rename({"entropy": "attn_entropy"}), on="step", how="left")
+        self._pending = []
+        self.figure.x_range.update(start=0, end=max(1, traj.n_steps - 1))
         self.source.data = {"step": df["step"].to_list(),
                             "next_entropy": df["entropy"].cast(pl.Float64).fill_null(float("nan")).to_list(),
                             "attn_entropy": df["attn_entropy"].cast(pl.Float64).fill_null(float("nan")).to_list(),
@@ -63,16 +77,22 @@ class LiveView(StateView):
                             else [""] * df.height}
 
     def reset(self) -> None:
-        """Empty the figure (a new generation starts)."""
+        """Empty the figure (a new generation starts); its step axis spans the planned steps."""
         self.source.data = {c: [] for c in COLUMNS}
-        self.n_streamed = 0
+        self.figure.x_range.update(start=0, end=max(1, self.state.progress_max - 1))
+        self.n_streamed, self._pending, self._last_stream = 0, [], time.monotonic()
 
-    def append(self, events: list) -> None:
-        """Stream new :class:`~trajscope.capture.StepEvent` s into the figure (O(len(events)))."""
-        if not events:
+    def append(self, events: list, now: float | None = None) -> None:
+        """Stream new :class:`~trajscope.capture.StepEvent` s into the figure (O(len(events))), at most
+        every :data:`STREAM_EVERY_S` seconds; steps in between wait for the next stream (or the finished
+        run, which :meth:`show_run` draws whole)."""
+        self._pending.extend(events)
+        now = time.monotonic() if now is None else now
+        if not self._pending or now - self._last_stream < STREAM_EVERY_S:
             return
         from trajscope.ui.plots import visible
 
+        events, self._pending, self._last_stream = self._pending, [], now
         self.source.stream({"step": [e.step for e in events], "next_entropy": [e.next_entropy for e in events],
                             "attn_entropy": [e.mean_entropy for e in events],
                             "token": [visible(e.text) for e in events]})
