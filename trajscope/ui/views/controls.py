@@ -71,11 +71,12 @@ class Controls(StateView):
             st.report(str(exc))
             return None
         n = plan.config.max_new_tokens
-        st.param.update(busy=True, progress=0, progress_max=n, live_text="", error="",
-                        status=f"Loading '{source}' and generating up to {n} tokens…")
-        self.ticker.param.update(active=True, step=-1, max_steps=n, text="", message="")
-        for fn in self.on_start:
-            fn()
+        with redraw_once():  # one message to the browser
+            st.param.update(busy=True, progress=0, progress_max=n, live_text="", error="",
+                            status=f"Loading '{source}' and generating up to {n} tokens…")
+            self.ticker.param.update(active=True, step=-1, max_steps=n, text="", message="")
+            for fn in self.on_start:
+                fn()
         dispatch = dispatch or dispatcher()
         self._give_back = openmp.lend(dispatch)  # the UI thread's OpenMP team steps aside until the run ends
         self.job = GenerationJob(
@@ -119,12 +120,13 @@ class Controls(StateView):
         # only the ticker shows these while streaming: a Markdown / HTML pane change re-lays the page out
         st, last = self.state, events[-1]
         text = (st.live_text + "".join(e.text for e in events))[-2000:]
-        st.param.update(progress=last.step + 1, live_text=text)
         stopping = self.job is not None and self.job.cancel.is_set()
-        self.ticker.param.update(step=last.step, max_steps=last.max_steps, text=visible(text[-400:]),
-                                 message=self.ticker.message if stopping else "")  # no longer waiting
-        for fn in self.listeners:
-            fn(events)
+        with redraw_once():  # one message to the browser
+            st.param.update(progress=last.step + 1, live_text=text)
+            self.ticker.param.update(step=last.step, max_steps=last.max_steps, text=visible(text[-400:]),
+                                     message=self.ticker.message if stopping else "")  # no longer waiting
+            for fn in self.listeners:
+                fn(events)
 
     def _on_done(self, traj) -> None:
         self._give_back()
@@ -132,15 +134,15 @@ class Controls(StateView):
         t0 = time.monotonic()
         if self.job is not None and getattr(self.job, "t_captured", None) is not None:
             self.job.timings["to_loop_s"] = t0 - self.job.t_captured  # the event loop's backlog at the end
-        with redraw_once():
+        done = (f"Done: {traj.meta.get('n_generated')} tokens in {traj.n_steps} steps "
+                f"(stopped by {traj.meta.get('stop_reason')}). Step with the player or the arrow keys.")
+        with redraw_once():  # the run, the buttons and the status reach the browser as one message
             st.set_trajectory(traj, step=max(0, traj.n_steps - 1))
+            self.ticker.active = False
+            st.param.update(busy=False, progress=st.progress_max, error="", status=done)
         log.info("new run on screen in %.2f s", time.monotonic() - t0)
         if self.job is not None:
             self.job.timings["on_screen_s"] = time.monotonic() - t0
-        self.ticker.active = False
-        done = (f"Done: {traj.meta.get('n_generated')} tokens in {traj.n_steps} steps "
-                f"(stopped by {traj.meta.get('stop_reason')}). Step with the player or the arrow keys.")
-        st.param.update(busy=False, progress=st.progress_max, error="", status=done)
         self._save(traj, done)
 
     def _save(self, traj, done: str) -> None:
