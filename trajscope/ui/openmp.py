@@ -14,7 +14,10 @@ The app captures on a worker thread and draws on its event-loop thread, which ru
 tensor code too (heatmaps, feature rows). While a capture runs, :func:`hold` puts the
 calling (UI) thread on one OpenMP thread and releases its team; :func:`release` restores
 the thread's setting when the last capture started from it has ended. The UI's tensor
-work is small, so it loses little. The count is per thread, like OpenMP's own setting.
+work is small, so it loses little. The count is per thread, like OpenMP's own setting. In
+Jupyter the held thread is the kernel's, so a cell run while the app generates computes on
+one thread until the run ends. A hold whose page closed before its run ended is never
+released: that thread stays on one OpenMP thread, which costs a UI thread little.
 
 The capture itself runs on :func:`page_share` threads, all cores but one (:func:`set_threads`,
 for the worker thread only): the browser drawing the streamed steps and the event loop
