@@ -87,6 +87,8 @@ def test_generate_streams_then_finishes(sample_model):
     assert st.step == 5 and "Done" in st.status
     assert st.trajectory.meta["attention_layers"] == [0]
     assert len(st.live_text) > 0
+    data = app.live.source.data  # steps not yet streamed when the run ended are drawn with the finished run
+    assert data["step"] == list(range(6)) and app.live.figure.x_range.end == 5
 
 
 def test_stop_keeps_captured_steps(sample_model):

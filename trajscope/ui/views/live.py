@@ -51,7 +51,8 @@ class LiveView(StateView):
         self.n_streamed = 0
         self._pending: list = []  # steps received but not yet streamed
         self._last_stream = 0.0
-        self.state.param.watch(self.show_run, "revision")
+        # a new run, and the end of a generation (the run is set while still busy; its last steps may be unstreamed)
+        self.state.param.watch(self.show_run, ["revision", "busy"])
         self.show_run()
 
     def show_run(self, *_) -> None:
