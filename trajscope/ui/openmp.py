@@ -49,18 +49,15 @@ def runtime() -> ctypes.CDLL | None:
     libdir = os.path.join(os.path.dirname(torch.__file__), "lib")
     names = [p for pat in ("libgomp*.so*", "libomp*.so*", "libiomp5*.so*", "libomp*.dylib", "libiomp5*.dylib")
              for p in sorted(glob.glob(os.path.join(libdir, pat)))]
-    for name in names:
+    # last, None: a build linked against the system's runtime, already in the process's global namespace
+    for name in [*names, None]:
         try:
             lib = ctypes.CDLL(name)
         except OSError:
             continue
         if hasattr(lib, "omp_set_num_threads") and hasattr(lib, "omp_get_max_threads"):
             return lib
-    try:  # a build linked against the system's runtime: already in the process's global namespace
-        lib = ctypes.CDLL(None)
-        return lib if hasattr(lib, "omp_set_num_threads") and hasattr(lib, "omp_get_max_threads") else None
-    except OSError:
-        return None
+    return None
 
 
 def _torch_threads() -> int:
