@@ -7,7 +7,7 @@ full-sequence forward without cache computes, at every layer and position.
 
 from __future__ import annotations
 
-import threading
+import itertools
 
 import numpy as np
 import pytest
@@ -15,6 +15,7 @@ import scipy.stats
 import torch
 
 import trajscope as ts
+from trajscope.capture import chunks
 from tiny import FAMILIES, hf_reference
 
 PROMPT = "def fibonacci(n):\n    "
@@ -168,16 +169,13 @@ def test_streaming_callback_sees_every_step_and_partial(tiny_models):
 
 
 def test_cancel_keeps_finished_steps(tiny_models, tmp_path):
-    cancel = threading.Event()
-
-    def on_step(ev):
-        if ev.step == 3:
-            cancel.set()
-
+    checks = itertools.count()  # the stopping criterion asks once per step, after it
+    events = []
     traj = ts.capture(tiny_models["llama"], PROMPT, max_new_tokens=20, stop_at_eos=False,
-                      on_step=on_step, cancel=cancel, residual_layers=[0])
+                      on_step=events.append, cancel=lambda: next(checks) >= 3, residual_layers=[0])
     assert traj.meta["stop_reason"] == "cancelled"
     assert traj.n_steps == 4 and traj.meta["n_generated"] == 4
+    assert [e.step for e in events] == [0, 1, 2, 3]  # the steps kept since the last chunk are flushed
     assert traj.residual(0).shape[0] == traj.prompt_len + 3
     back = ts.Trajectory.load(traj.save(tmp_path / "cancelled"))
     assert back.token_ids == traj.token_ids
@@ -196,13 +194,14 @@ def test_remote_local_round_trip_matches_local(tiny_dirs):
     assert b.meta["model"]["remote"] == "local"
 
 
-def test_ctrl_c_keeps_finished_steps(tiny_models):
+def test_ctrl_c_keeps_finished_steps(tiny_models, monkeypatch):
     def on_step(ev):
         if ev.step == 3:
             raise KeyboardInterrupt
 
+    monkeypatch.setattr(chunks, "MAX_CHUNK", 2)  # decode steps are reduced in pairs: (1, 2), (3, 4), …
     traj = ts.capture(tiny_models["gpt2"], PROMPT, max_new_tokens=20, stop_at_eos=False, on_step=on_step)
     assert traj.meta["stop_reason"] == "interrupted"
-    assert traj.n_steps == 4  # steps 0..3: the interrupted step had finished its record
+    assert traj.n_steps == 5  # steps 0..4: the interrupt came while step 3's chunk was handed on
     assert len(traj.token_ids) == traj.prompt_len + traj.n_steps - 1
     assert traj.tokens["entropy"].null_count() == 0

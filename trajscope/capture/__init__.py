@@ -4,17 +4,23 @@ The model boundary runs one generation trace
 (:meth:`~trajscope.model.ModelHandle.generation`). Step 0 is the prefill pass
 (all P prompt positions at once) and step s ≥ 1 is the s-th decode pass, whose
 single query is the token at ``pos = P + s − 1`` (:mod:`trajscope.positions`).
-Inside each step the in-trace kernels (:mod:`trajscope.capture.kernels`) reduce
-the big tensors (attention probabilities, residuals, logits) to a small record;
-capture wraps each in a typed :class:`~trajscope.capture.record.StepRecord` and
+The kernels of :mod:`trajscope.capture.kernels` reduce each step's big tensors
+(attention probabilities, residuals, logits) to a small record: on NDIF inside
+the step, on the server; locally a few decode steps at a time
+(:mod:`trajscope.capture.chunks`), which removes most of the kernels' per-step
+cost at short context (``docs/capture_overhead.md``). Capture wraps each record in a typed
+:class:`~trajscope.capture.record.StepRecord` and
 :mod:`trajscope.capture.tables` builds the ``tokens``, ``attention`` and
 ``activations`` tables of a :class:`~trajscope.trajectory.Trajectory` from them.
 What is recorded is decided by one frozen :class:`CaptureConfig`.
 
-Streaming: ``on_step`` is called while the step runs (locally), with a
-:class:`StepEvent`. Stopping: a ``cancel`` event ends generation after the
-current step through a Hugging Face stopping criterion, so every kept step is
-complete; Ctrl-C keeps the finished steps too. Generation also stops at EOS.
+Streaming: ``on_step`` is called with a :class:`StepEvent` for every step, in
+order, while the generation runs (locally): decode steps are reduced a few at a
+time (:mod:`trajscope.capture.chunks`), so events come in short bursts, at most
+about 0.1 s behind the generation. Stopping: a ``cancel`` event ends generation
+after the step being computed through a Hugging Face stopping criterion, so
+every kept step is complete; Ctrl-C keeps the finished steps too. Generation
+also stops at EOS.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from trajscope.capture import attachments, kernels
+from trajscope.capture.chunks import STREAM_DELAY_S, StepChunks
 from trajscope.capture.config import CaptureConfig, LayerSpec, resolve_layers
 from trajscope.capture.record import StepRecord
 from trajscope.capture.tables import build_tables
@@ -65,17 +72,19 @@ class StepEvent:
 
 
 class _CancelCriterion:
-    """A Hugging Face stopping criterion that fires when ``cancel`` is set."""
+    """A Hugging Face stopping criterion that fires when ``cancel`` is set (asked once after each step)."""
 
     def __init__(self, cancel: Any):
         self.cancel = cancel
+        self.fired = False
 
     def is_set(self) -> bool:
         c = self.cancel
         return bool(c()) if callable(c) and not hasattr(c, "is_set") else bool(c.is_set())
 
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.is_set(), dtype=torch.bool, device=input_ids.device)
+        self.fired = self.fired or self.is_set()
+        return torch.full((input_ids.shape[0],), self.fired, dtype=torch.bool, device=input_ids.device)
 
 
 def _gen_kwargs(model: ModelHandle, cfg: CaptureConfig) -> dict[str, Any]:
@@ -100,10 +109,10 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
         model: from :func:`trajscope.load_model`.
         prompt: text, or token ids.
         config: a :class:`CaptureConfig` (default settings when None).
-        on_step: called with a :class:`StepEvent` as each step finishes (locally while
-            generating; for NDIF, after the results come back).
+        on_step: called with a :class:`StepEvent` for each step, in order (locally while
+            generating, in bursts at most about 0.1 s behind it; for NDIF, after the results come back).
         cancel: a ``threading.Event`` (or a callable returning bool); when set,
-            generation ends after the current step and the run keeps what it has.
+            generation ends after the step being computed and the run keeps every step it has.
         run_id: defaults to a fresh unique id.
         **settings: :class:`CaptureConfig` fields overriding ``config`` (e.g. ``max_new_tokens=16``).
 
@@ -129,21 +138,20 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
         criterion = _CancelCriterion(cancel)
         gen_kwargs["stopping_criteria"] = StoppingCriteriaList([criterion])
 
-    live: list[StepRecord] = []
     final = {"lp": None}
+    chunks: StepChunks | None = None  # local captures: the records, as the chunks are reduced
 
     def partial(n_steps: int) -> Trajectory:
-        return _assemble(model, meta, live[:n_steps], None, None, res_layers, row_layers, "running")
+        recs = [StepRecord.from_kernel(r) for r in chunks.out[:n_steps]]
+        return _assemble(model, meta, recs, None, None, res_layers, row_layers, "running")
 
     emit = None
     if on_step is not None and not model.remote:
         def emit(rec: dict, n_steps: int) -> None:
-            r = StepRecord.from_kernel(rec)
-            live.append(r)
-            on_step(_event(model, r, N, functools.partial(partial, n_steps)))
-    elif not model.remote:
-        def emit(rec: dict, n_steps: int) -> None:
-            live.append(StepRecord.from_kernel(rec))
+            on_step(_event(model, StepRecord.from_kernel(rec), N, functools.partial(partial, n_steps)))
+    # locally, decode steps are reduced in chunks (chunks.py); NDIF reduces each step on the server
+    if not model.remote:
+        chunks = StepChunks(emit, STREAM_DELAY_S if on_step is not None else None)
     opts = (res_layers, row_layers, cfg.top_k_keys, cfg.top_k_tokens, probe_spec, sae_spec)
     from trajscope.model.forward import seeded
 
@@ -152,19 +160,27 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
         # EOS and cancel end the iter loop early by design; nnsight warns about the unreached steps.
         warnings.filterwarnings("ignore", message=".*was never reached.*")
         try:
-            result = model.generation(ids, gen_kwargs, kernels.step_record, opts, steer_specs(model, cfg.steering),
-                                      emit, N, kernels=kernels, prefill_rows=cfg.prefill_row_limit)
+            result = model.generation(ids, gen_kwargs, kernels.record_step if chunks is None else chunks, opts,
+                                      steer_specs(model, cfg.steering), N, kernels=kernels,
+                                      prefill_rows=cfg.prefill_row_limit)
         except KeyboardInterrupt:
             stop_reason = "interrupted"
-    final_ids = None
-    if result is not None:
+        if chunks is not None and chunks.out is not None:
+            try:
+                chunks.flush()  # the steps kept since the last chunk, however the generation ended
+            except KeyboardInterrupt:
+                stop_reason = "interrupted"
+    final_ids, records = None, []
+    if chunks is None and result is not None:
         final_ids, recs, final["lp"] = result
         records = [StepRecord.from_kernel(r) for r in recs]
-    else:
-        records = list(live)
+    elif chunks is not None:
+        final_ids = result[0] if result is not None else None
+        records = [StepRecord.from_kernel(r) for r in chunks.out or []]
+        final["lp"] = chunks.last_lp
     if stop_reason is None:
         eos = model.eos_token_id
-        if criterion is not None and criterion.is_set() and len(records) < N:
+        if criterion is not None and criterion.fired and len(records) < N:
             stop_reason = "cancelled"
         elif final_ids is not None and cfg.stop_at_eos and eos is not None and final_ids[-1] == eos:
             stop_reason = "eos"

@@ -12,8 +12,9 @@ its own positions.
 
 Each prompt's step records are then cut from those reads — step 0 is the prompt
 positions ``0..P−1``, step s ≥ 1 the single query at ``pos = P + s − 1``
-(:mod:`trajscope.positions`) with its keys ``0..pos`` — and reduced by the same in-trace
-kernel that capture uses (:func:`trajscope.capture.kernels.step_record`), so the tables have
+(:mod:`trajscope.positions`) with its keys ``0..pos`` — and reduced by the same kernels
+that capture uses (:func:`~trajscope.capture.kernels.step_record` for the prefill,
+:func:`~trajscope.capture.kernels.decode_records` for chunks of decode steps), so the tables have
 capture's schema and meaning. Per prompt they equal batch-1 capture within the model's
 floating-point determinism floor (the batch's matmul shapes round differently), with
 identical token ids and positions; ``tests/test_capture_batch.py`` holds them to it for
@@ -21,7 +22,7 @@ left and right padding on every tiny model family.
 
 Cost: the reads of a batch are reduced after it finishes, so they are held at once: per
 layer ``B × (P + N) × d_model`` block outputs and ``B × H × (prefill window + N) × (P + N)``
-attention values, float32 on the CPU (capture reduces one step at a time); long runs want
+attention values, float32 on the CPU (capture reduces a few steps at a time); long runs want
 smaller batches.
 
 Batches decode greedily (temperature 0): sampling draws from the RNG in a different order
@@ -41,6 +42,7 @@ import torch
 from trajscope.capture import CaptureConfig, finish, prepare, run_meta
 from trajscope.capture import capture as capture_one
 from trajscope.capture import kernels
+from trajscope.capture.chunks import chunk_size
 from trajscope.capture.record import StepRecord
 from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle
@@ -161,11 +163,14 @@ def step_records(fw, seq: Sequence[int], P: int, n_attn: int, limit: int | None,
                               [fw.resid[layer][:P] for layer in range(L)], fw.logits[P - m0 - lg:P - lg], None, opts)
     last_lp = rec.pop("last_lp")
     records = [StepRecord.from_kernel(rec)]
-    for pos in range(P, T):
-        rows = [fw.attn[layer][:, pos - base:pos - base + 1, :pos + 1] for layer in range(L)]
-        resid = [fw.resid[layer][pos:pos + 1] for layer in range(L)]
-        rec = kernels.step_record(pos - P + 1, P, ids[pos:pos + 1], rows, resid, fw.logits[pos - lg:pos - lg + 1],
-                                  last_lp, opts)
-        last_lp = rec.pop("last_lp")
-        records.append(StepRecord.from_kernel(rec))
+    s = 1
+    while P + s - 1 < T:  # decode steps, a chunk at a time (chunks.py)
+        p0 = P + s - 1
+        C = min(chunk_size(L, fw.attn[0].shape[0], p0), T - p0)
+        rows = torch.stack([fw.attn[layer][:, p0 - base:p0 - base + C, :p0 + C] for layer in range(L)])
+        resid = torch.stack([fw.resid[layer][p0:p0 + C] for layer in range(L)])
+        recs, last_lp = kernels.decode_records(s, P, ids[p0:p0 + C], rows, resid, fw.logits[p0 - lg:p0 - lg + C],
+                                               last_lp, opts)
+        records += [StepRecord.from_kernel(r) for r in recs]
+        s += C
     return records, last_lp

@@ -1,9 +1,11 @@
-"""Capture's in-trace kernels: per-step reductions computed inside the generation trace.
+"""Capture's kernels: the reductions of each step's tensors to the numbers the tables keep.
 
-These functions run *while* a step executes (locally) or on the NDIF server
-(remotely, where this module and :mod:`trajscope.metrics.residual_stats` are
-shipped by value with ``nnsight.register``), so they import nothing but torch
-and return small tensors. They reduce the big
+On the NDIF server they run inside each step (:func:`record_step`; this module
+and :mod:`trajscope.metrics.residual_stats` are shipped by value with
+``nnsight.register``), so they import nothing but torch and return small
+tensors. Locally the prefill step is reduced while the trace runs and decode
+steps a chunk at a time (:func:`decode_records`, :mod:`trajscope.capture.chunks`),
+with the same definitions. They reduce the big
 per-step tensors (attention probabilities, residual vectors, logits) to the
 numbers the tables keep; the definitions follow DESIGN.md:
 
@@ -23,7 +25,8 @@ import torch
 from trajscope.metrics.residual_stats import ACT_FIELDS, residual_stats
 
 ATTN_FIELDS = ("entropy", "entropy_norm", "prefix_mass", "generated_mass", "sink_mass", "sink4_mass", "self_mass")
-__all__ = ["ACT_FIELDS", "ATTN_FIELDS", "attention_stats", "token_stats", "step_record", "probe_scores"]
+__all__ = ["ACT_FIELDS", "ATTN_FIELDS", "attention_stats", "token_stats", "step_record", "decode_records",
+           "record_step", "probe_scores"]
 
 
 def attention_stats(a: torch.Tensor, prompt_len: int, first_query_pos: int, top_k: int = 8) -> dict:
@@ -38,7 +41,8 @@ def attention_stats(a: torch.Tensor, prompt_len: int, first_query_pos: int, top_
 
     Returns:
         ``{"stats": [..., q, 7] float32 in ATTN_FIELDS order, "top_pos": [..., q, top_k] int32
-        (−1 pads rows with fewer keys), "top_w": [..., q, top_k] float32}``.
+        (weight descending, ties by position; −1 pads rows with fewer keys of nonzero weight),
+        "top_w": [..., q, top_k] float32}``.
     """
     a = a.float()
     q, k = a.shape[-2], a.shape[-1]
@@ -56,11 +60,15 @@ def attention_stats(a: torch.Tensor, prompt_len: int, first_query_pos: int, top_
     kk = min(top_k, k)
     top_w, top_pos = a.topk(kk, dim=-1)
     top_pos = top_pos.to(torch.int32)
-    invisible = top_pos > qpos.view(q, 1).to(torch.int32)
+    # a key the query cannot see, or gives no weight (outside a sliding window), is not a top key
+    invisible = (top_pos > qpos.view(q, 1).to(torch.int32)) | (top_w <= 0)
     top_pos = top_pos.masked_fill(invisible, -1)
     top_w = top_w.masked_fill(invisible, 0.0)
-    order = (top_w - invisible.to(top_w.dtype)).argsort(dim=-1, descending=True, stable=True)
-    top_pos, top_w = top_pos.gather(-1, order), top_w.gather(-1, order)  # padding (−1) last
+    # weight descending, ties by position, padding (−1) last: the same order however wide the row is
+    by_pos = torch.where(invisible, torch.iinfo(torch.int32).max, top_pos).argsort(dim=-1, stable=True)
+    top_pos, top_w = top_pos.gather(-1, by_pos), top_w.gather(-1, by_pos)
+    order = top_w.argsort(dim=-1, descending=True, stable=True)
+    top_pos, top_w = top_pos.gather(-1, order), top_w.gather(-1, order)
     if kk < top_k:
         pad = (0, top_k - kk)
         top_pos = torch.nn.functional.pad(top_pos, pad, value=-1)
@@ -136,6 +144,68 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
         "probe": probe_scores(resid, probe, step, t_stats["entropy"][-1]) if probe is not None else None,
         "sae": sae[1](resid[sae[0]]) if sae is not None else None,
     }
+
+
+def record_step(step, P, consumed, attn_rows, resid, logits, prev_lp, opts, out) -> torch.Tensor:
+    """The generation loop's per-step reducer: append :func:`step_record`'s record to ``out``.
+
+    Same arguments as :func:`step_record`, plus ``out``, the list the records go to.
+    Returns the ``[vocab]`` log-probabilities of the step's last row (the next step's ``prev_lp``).
+    """
+    rec = step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts)
+    last_lp = rec.pop("last_lp")
+    out.append(rec)
+    return last_lp
+
+
+def decode_records(first_step, P, ids, rows, resid, logits, prev_lp, opts) -> tuple:
+    """The records of C consecutive decode steps, reduced at once (the batched :func:`step_record`).
+
+    Each kernel runs once over the C steps instead of C times, which removes most of the
+    per-step cost at short context. The records equal :func:`step_record`'s within float rounding.
+
+    Args:
+        first_step: s0 ≥ 1; row c is decode step ``s0 + c``, whose query sits at ``P + s0 − 1 + c``.
+        P: prompt length.
+        ids: ``[C]`` the query tokens.
+        rows: ``[L, H, C, K]`` attention rows, ``K ≥ P + s0 − 1 + C``; row c holds the weights of
+            keys ``0 … P + s0 − 1 + c`` and zeros after them.
+        resid: ``[L, C, d_model]`` block outputs at the C queries.
+        logits: ``[C, vocab]``.
+        prev_lp: ``[vocab]`` log-probabilities of step ``s0 − 1``'s last row.
+        opts: as :func:`step_record`.
+    Returns:
+        ``(records, last_lp)``: C record dicts as :func:`step_record` makes them (without ``"last_lp"``),
+        and the ``[vocab]`` log-probabilities of the last row.
+    """
+    res_layers, row_layers, top_k_keys, top_k_tokens, probe, sae = opts
+    C = ids.shape[0]
+    first_pos = P + first_step - 1
+    a_stats = attention_stats(rows, P, first_pos, top_k_keys)
+    r_stats = residual_stats(resid)
+    t_stats = token_stats(logits, top_k_tokens)
+    lp = t_stats["logprobs"]
+    chosen = prev_lp[ids[:1]]
+    if C > 1:
+        chosen = torch.cat([chosen, lp[:-1].gather(-1, ids[1:].unsqueeze(-1)).squeeze(-1)])
+    sae_out = sae[1](resid[sae[0]]) if sae is not None else None
+    records = []
+    for c in range(C):
+        pos = first_pos + c
+        one = slice(c, c + 1)
+        records.append({
+            "step": first_step + c, "first_pos": pos, "attn_first_pos": pos, "lp_first_pos": pos,
+            "ids": ids[one].clone(), "chosen_lp": chosen[one], "entropy": t_stats["entropy"][one],
+            "top_ids": t_stats["top_ids"][one], "top_lp": t_stats["top_lp"][one],
+            "attn": a_stats["stats"][:, :, one], "top_pos": a_stats["top_pos"][:, :, one],
+            "top_w": a_stats["top_w"][:, :, one], "act": r_stats[:, one],
+            "resid": {layer: resid[layer, one].clone() for layer in res_layers},
+            "rows": {layer: rows[layer, :, one, :pos + 1].clone() for layer in row_layers},
+            "probe": probe_scores(resid[:, one], probe, first_step + c, t_stats["entropy"][c])
+            if probe is not None else None,
+            "sae": {k: v[one] for k, v in sae_out.items()} if sae_out is not None else None,
+        })
+    return records, lp[-1].clone()
 
 
 def probe_scores(resid, probe, step: int, entropy: torch.Tensor):

@@ -7,8 +7,9 @@ each block's attention probabilities and output (steering applied first, with
 :func:`trajscope.model.steer.steer_hidden`) and the logits, and hands them to
 the caller's ``step_fn`` — a per-step kernel that reduces them to a small
 record *inside* the step (locally while it runs, or on the NDIF server, where
-the kernel module is shipped by value). Records are appended to a saved list;
-``emit`` is called after each one (locally only).
+the kernel module is shipped by value) and appends it to a saved list. A local
+``step_fn`` may instead keep a few steps' reads and reduce them together
+(:mod:`trajscope.capture.chunks`); the caller then reduces what is left after the trace.
 
 nnsight facts this relies on (NNSIGHT_NOTES.md): modules must be read in
 execution order; ``tracer.result`` must be read in its own invoke so EOS before
@@ -26,7 +27,7 @@ from trajscope.model.families import hidden, with_hidden
 
 
 def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Callable, step_opts: tuple,
-                   steer: Sequence[Sequence[tuple]], emit: Callable | None, max_new_tokens: int,
+                   steer: Sequence[Sequence[tuple]], max_new_tokens: int,
                    kernels: Any = None) -> tuple[list[int], list, Any]:
     """Run the generation trace.
 
@@ -35,16 +36,17 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
         ids: the P prompt ids.
         gen_kwargs: Hugging Face ``generate`` settings (sampling, EOS, stopping criteria).
         step_fn: ``step_fn(step, P, consumed [q], attn_rows (per layer [H, q, k]),
-            resid (per layer [q, d_model]), logits [q, vocab], prev_lp, step_opts) -> dict`` whose
-            ``"last_lp"`` entry (``[vocab]``) is popped and passed as ``prev_lp`` to the next step.
+            resid (per layer [q, d_model]), logits [q, vocab], prev_lp, step_opts, records)``
+            appends the step's record to ``records`` (or keeps the reads for later) and returns the
+            ``[vocab]`` log-probabilities passed as ``prev_lp`` to the next step
+            (:func:`trajscope.capture.kernels.record_step`).
         step_opts: passed through to ``step_fn``.
         steer: per layer, the steering spec tuples applied to that block's output.
-        emit: ``emit(record, n_records)`` after each step (locally), or None.
         max_new_tokens: N, the number of steps.
         kernels: the module that defines ``step_fn``, registered with nnsight for remote runs.
     Returns:
-        ``(final_ids, records, last_lp)``: all token ids (prompt + generated), the records, and the
-        ``[vocab]`` log-probabilities that produced the last token.
+        ``(final_ids, records, last_lp)``: all token ids (prompt + generated), the records, and
+        ``step_fn``'s last return value (the ``[vocab]`` log-probabilities that produced the last token).
     """
     import nnsight
 
@@ -81,12 +83,8 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
                         blocks[layer].output = with_hidden(out, new)
                     resid.append((hidden(out) if new is None else new)[0])
                 logits = unembed.output[0]
-                rec = step_fn(step, P, consumed, attn_rows, resid, logits, prev_lp, step_opts)
-                prev_lp = rec.pop("last_lp")
+                prev_lp = step_fn(step, P, consumed, attn_rows, resid, logits, prev_lp, step_opts, saved_records)
                 saved_state["final"] = prev_lp
-                saved_records.append(rec)
-                if emit is not None:
-                    emit(rec, len(saved_records))
         with tracer.invoke():
             out_ids = tracer.result.save()
     final_ids = [int(i) for i in out_ids[0].tolist()]

@@ -176,7 +176,7 @@ class ModelHandle:
 
     # -- operations -------------------------------------------------------------------------
     def generation(self, ids: Sequence[int], gen_kwargs: dict, step_fn: Callable, step_opts: tuple,
-                   steer: Sequence[Sequence[tuple]], emit: Callable | None, max_new_tokens: int,
+                   steer: Sequence[Sequence[tuple]], max_new_tokens: int,
                    kernels: Any = None, prefill_rows: int | None = None) -> tuple:
         """Run one generation trace; see :func:`trajscope.model.generation.run_generation`.
 
@@ -187,7 +187,7 @@ class ModelHandle:
             raise TrajscopeError("This model was loaded with attn='sdpa', which exposes no attention rows; "
                                  "load it with attn='rows' (the default) or 'eager' to capture.")
         with self.lock, self._prefill_rows(prefill_rows):
-            return run_generation(self, ids, gen_kwargs, step_fn, step_opts, steer, emit, max_new_tokens, kernels)
+            return run_generation(self, ids, gen_kwargs, step_fn, step_opts, steer, max_new_tokens, kernels)
 
     def _prefill_rows(self, n: int | None):
         if self.attn_impl != "rows" or self.remote is True:

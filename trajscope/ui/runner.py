@@ -238,8 +238,14 @@ class GenerationJob:
         if events:
             self._send(lambda: self.on_progress(events))
 
+    def _should_stop(self) -> bool:
+        """capture's cancel check, asked once after each step: it also counts the steps the generation
+        has finished (its events trail it by up to about 0.1 s, capture/chunks.py)."""
+        self.steps_done += 1
+        return self.cancel.is_set()
+
     def _on_step(self, event: Any) -> None:
-        self.steps_done = event.step + 1
+        self.steps_done = max(self.steps_done, event.step + 1)
         with self._buffer_lock:
             self._buffer.append(event)
         now = time.monotonic()
@@ -276,7 +282,7 @@ class GenerationJob:
             if not self.remote:
                 openmp.set_threads(self.threads if self.threads is not None else openmp.page_share())
             self._last_flush = self._last_partial = t1 = time.monotonic()
-            traj = capture(model, self.prompt, self.config, on_step=self._on_step, cancel=self.cancel)
+            traj = capture(model, self.prompt, self.config, on_step=self._on_step, cancel=self._should_stop)
             self.t_captured = time.monotonic()
             self.timings = {"start_s": t0 - self._t_start, "load_s": t1 - t0, "capture_s": self.t_captured - t1}
             log.info("generation: model %.2f s, capture %.2f s, %d steps", t1 - t0, self.timings["capture_s"],

@@ -1,0 +1,102 @@
+"""Local captures reduce decode steps in chunks, not one at a time.
+
+At short context a decode step of a small model takes a few milliseconds, and
+running the step kernels (:mod:`trajscope.capture.kernels`) on each step's tiny
+tensors costs about as much again in per-operation overhead (measured in
+``docs/capture_overhead.md``). So a local capture keeps each decode step's reads
+(attention rows, block outputs, logits) as they are and reduces C steps at once
+with :func:`~trajscope.capture.kernels.decode_records`; the prefill step is
+reduced on its own, as before. C is as large as fits a small memory budget for
+the stacked attention rows (at most :data:`MAX_CHUNK` steps), so long contexts
+reduce every step or two, as before, and keep capture's memory where it was.
+
+Records are handed on (``emit``) as each chunk is reduced, so streaming sees
+steps in short bursts: with a streaming consumer (``max_delay_s``) a chunk is
+also reduced once its first step is that old, so events trail the generation
+by at most about that much. :meth:`StepChunks.flush` reduces what is left when
+the generation ends, however it ends (EOS, Stop, Ctrl-C). NDIF captures keep the
+per-step kernel (:func:`~trajscope.capture.kernels.record_step`), which runs on
+the server inside the step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from trajscope.capture import kernels
+
+MAX_CHUNK = 32
+BUDGET_BYTES = 2 * 2**20  # the stacked [L, H, C, K] float32 attention rows of one chunk
+STREAM_DELAY_S = 0.1  # how far streamed events may trail the generation
+
+
+def chunk_size(n_layers: int, n_heads: int, n_keys: int) -> int:
+    """How many decode steps to reduce at once when rows have about ``n_keys`` keys (1 … MAX_CHUNK)."""
+    return max(1, min(MAX_CHUNK, BUDGET_BYTES // (4 * n_layers * n_heads * (n_keys + MAX_CHUNK))))
+
+
+class StepChunks:
+    """The generation loop's reducer for local captures (same call as ``kernels.record_step``).
+
+    Args:
+        emit: ``emit(record, n)`` for each record once its chunk is in the loop's list (``n``: the
+            record's 1-based index there), or None.
+        max_delay_s: also reduce a chunk once its first step is this old (None: only when it is full).
+    """
+
+    def __init__(self, emit: Callable[[dict, int], None] | None = None, max_delay_s: float | None = None):
+        self.emit = emit
+        self.max_delay_s = max_delay_s
+        self.started = 0.0
+        self.pending: list[tuple] = []
+        self.out: list | None = None
+        self.last_lp: torch.Tensor | None = None
+        self.P = 0
+        self.opts: tuple = ()
+
+    def __call__(self, step, P, consumed, attn_rows, resid, logits, prev_lp, opts, out) -> torch.Tensor | None:
+        """Take one step's reads; returns the last reduced step's ``[vocab]`` log-probabilities."""
+        self.out, self.P, self.opts = out, P, opts
+        if step == 0:
+            prefill: list = []
+            self.last_lp = kernels.record_step(step, P, consumed, attn_rows, resid, logits, None, opts, prefill)
+            self._append(prefill)
+            return self.last_lp
+        if not self.pending:
+            self.started = time.monotonic()
+        self.pending.append((step, consumed, attn_rows, resid, logits))
+        L, (H, _, k) = len(attn_rows), attn_rows[0].shape
+        full = len(self.pending) >= chunk_size(L, H, k)
+        if full or (self.max_delay_s is not None and time.monotonic() - self.started >= self.max_delay_s):
+            self.flush()
+        return self.last_lp
+
+    def _append(self, records: list[dict]) -> None:
+        n = len(self.out)
+        self.out.extend(records)  # all kept before any is handed on: an error in emit loses none
+        if self.emit is not None:
+            for i, rec in enumerate(records):
+                self.emit(rec, n + i + 1)
+
+    def flush(self) -> None:
+        """Reduce the steps taken since the last chunk (a no-op when there are none)."""
+        if not self.pending:
+            return
+        chunk = self.pending
+        s0 = chunk[0][0]
+        L, H = len(chunk[0][2]), chunk[0][2][0].shape[0]
+        K = self.P + chunk[-1][0]  # keys of the last step: 0 … P + s − 1
+        rows = torch.zeros((L, H, len(chunk), K), dtype=torch.float32, device=chunk[0][2][0].device)
+        for c, (step, _, attn_rows, _, _) in enumerate(chunk):
+            n_keys = self.P + step  # a sliding-window cache holds only the newest of them
+            a = torch.stack(attn_rows)[:, :, 0]
+            rows[:, :, c, n_keys - a.shape[-1]:n_keys] = a
+        resid = torch.cat([r for _, _, _, res, _ in chunk for r in res]).view(len(chunk), L, -1).transpose(0, 1)
+        ids = torch.cat([c[1] for c in chunk])
+        logits = torch.cat([c[4] for c in chunk])
+        records, last_lp = kernels.decode_records(s0, self.P, ids, rows, resid, logits, self.last_lp, self.opts)
+        self.pending, self.last_lp = [], last_lp
+        self._append(records)
