@@ -1,6 +1,6 @@
 """Attachments to a capture: an SAE (features table) and an online drift probe (probe table).
 
-:func:`trajscope.capture` hands the in-trace kernel a plain ``(layer, encode)`` tuple
+:func:`trajscope.capture` hands the step kernels a plain ``(layer, encode)`` tuple
 for an SAE and the :meth:`~trajscope.profile.DriftProbe.spec` tuple for a probe;
 the :class:`~trajscope.capture.record.StepRecord` s then carry their small per-step outputs, which the functions
 here turn into the ``features`` table (position × top-k active feature, plus

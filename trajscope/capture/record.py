@@ -1,7 +1,8 @@
 """StepRecord: what one captured step leaves behind, typed.
 
-The in-trace kernel (:func:`trajscope.capture.kernels.step_record`) returns a
-plain dict, because it runs where only torch is guaranteed (the NDIF server);
+The kernels (:func:`trajscope.capture.kernels.step_record`,
+:func:`~trajscope.capture.kernels.decode_records`) return plain dicts, because
+they run where only torch is guaranteed (the NDIF server);
 capture wraps each one in a :class:`StepRecord` as soon as it is back, and the
 table builders, attachments and streaming events read these fields only.
 Shapes use ``q`` for the step's query rows (P at step 0, 1 after), ``L`` layers

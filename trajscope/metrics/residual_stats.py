@@ -5,8 +5,8 @@ population variance, excess kurtosis, max |x|, the count of outliers
 ``|x| > 6`` (the LLM.int8 rule) and the count of massive activations
 ``|x| > 100`` and ``|x| > 1000 × m``, where ``m`` is the reference median |x|
 of the layer. Callers say which reference they have: a prefill profile passes
-the layer's median over its prompt set; the in-trace kernels of capture, which
-see one step at a time, pass nothing and the vector's own median |x| stands in.
+the layer's median over its prompt set; capture's kernels, which see a step or
+a chunk of steps at a time, pass nothing and the vector's own median |x| stands in.
 
 This module imports nothing but torch, because capture ships it by value to the
 NDIF server (``nnsight.register``) and runs it inside the step.
