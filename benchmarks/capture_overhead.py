@@ -16,6 +16,10 @@ them alike:
   position (the shipped SAE for the sample model, a random one for the 124M model), top-16
   features per position into the ``features`` table.
 
+Each ratio is given twice: the ratio of the medians, and the median of the per-round ratios (a
+variant's run over the ``generate`` run of the same round) with a distribution-free interval
+(order statistics; with 7 rounds, the full range, 98% coverage).
+
 Cases: the shipped sample model and a random GPT-2-small-sized model (124M
 parameters, built from a config, never downloaded) at short context, and the
 124M model at long context (P = 1,024 and 2,048 prompt tokens, 16 new tokens;
@@ -109,7 +113,28 @@ def bench(models: dict, ids: list[int], n: int, reps: int, variants: tuple[str, 
             times[v].append(run_variant(models, v, n, ids, extra))
     base = statistics.median(times["generate"])
     return {v: {"median_s": statistics.median(t), "tokens_per_s": n / statistics.median(t),
-                "ratio": statistics.median(t) / base, "times_s": t} for v, t in times.items()}
+                "ratio": statistics.median(t) / base, "times_s": t, **paired(t, times["generate"])}
+            for v, t in times.items()}
+
+
+def paired(times: list[float], base: list[float], level: float = 0.95) -> dict:
+    """The ratio to ``generate`` per round (each run against the generate run of its own round), as a
+    median with a distribution-free interval: order statistics ``(j, n + 1 − j)`` of the n ratios, with
+    the largest j whose coverage ``1 − 2·P(Binomial(n, ½) ≤ j − 1)`` is still ≥ ``level`` (j = 1 when
+    even the full range covers less; the coverage is reported)."""
+    from math import comb
+
+    r = sorted(t / b for t, b in zip(times, base))
+    n = len(r)
+
+    def coverage(j: int) -> float:
+        return 1 - 2 * sum(comb(n, i) for i in range(j)) / 2 ** n
+
+    j = 1
+    while j + 1 <= n // 2 and coverage(j + 1) >= level:
+        j += 1
+    return {"paired_ratio": statistics.median(r), "paired_interval": [r[j - 1], r[n - j]],
+            "paired_coverage": coverage(j)}
 
 
 def _rss_mib() -> float:
@@ -168,9 +193,11 @@ def long_ids(model: ts.ModelHandle, P: int) -> list[int]:
 
 def report(name: str, n: int, reps: int, res: dict) -> None:
     print(f"\n{name}, {n} new tokens, median of {reps} interleaved runs")
-    print(f"  {'variant':<17}{'tokens/s':>10}{'× generate':>12}")
+    cov = next(iter(res.values()))["paired_coverage"]
+    print(f"  {'variant':<17}{'tokens/s':>10}{'× generate':>12}   per-round ratio: median [{cov:.0%} interval]")
     for v, r in res.items():
-        print(f"  {v:<17}{r['tokens_per_s']:>10.1f}{r['ratio']:>12.3f}")
+        lo, hi = r["paired_interval"]
+        print(f"  {v:<17}{r['tokens_per_s']:>10.1f}{r['ratio']:>12.3f}   {r['paired_ratio']:.3f} [{lo:.3f}, {hi:.3f}]")
 
 
 def main() -> None:
