@@ -138,7 +138,6 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
         criterion = _CancelCriterion(cancel)
         gen_kwargs["stopping_criteria"] = StoppingCriteriaList([criterion])
 
-    final = {"lp": None}
     chunks: StepChunks | None = None  # local captures: the records, as the chunks are reduced
 
     def partial(n_steps: int) -> Trajectory:
@@ -170,14 +169,10 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
                 chunks.flush()  # the steps kept since the last chunk, however the generation ended
             except KeyboardInterrupt:
                 stop_reason = "interrupted"
-    final_ids, records = None, []
-    if chunks is None and result is not None:
-        final_ids, recs, final["lp"] = result
-        records = [StepRecord.from_kernel(r) for r in recs]
-    elif chunks is not None:
-        final_ids = result[0] if result is not None else None
-        records = [StepRecord.from_kernel(r) for r in chunks.out or []]
-        final["lp"] = chunks.last_lp
+    final_ids, recs, final_lp = result if result is not None else (None, [], None)
+    if chunks is not None:  # the records and the last log-probabilities as the chunks were reduced
+        recs, final_lp = chunks.out or [], chunks.last_lp
+    records = [StepRecord.from_kernel(r) for r in recs]
     if stop_reason is None:
         eos = model.eos_token_id
         if criterion is not None and criterion.fired and len(records) < N:
@@ -186,7 +181,7 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
             stop_reason = "eos"
         else:
             stop_reason = "max_new_tokens"
-    traj = finish(model, cfg, meta, records, final_ids, final["lp"], stop_reason, probe_spec, sae_spec)
+    traj = finish(model, cfg, meta, records, final_ids, final_lp, stop_reason, probe_spec, sae_spec)
     if on_step is not None and model.remote:
         for rec in records:
             on_step(_event(model, rec, N, lambda: traj))

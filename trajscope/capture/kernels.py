@@ -4,10 +4,9 @@ On the NDIF server they run inside each step (:func:`record_step`; this module
 and :mod:`trajscope.metrics.residual_stats` are shipped by value with
 ``nnsight.register``), so they import nothing but torch and return small
 tensors. Locally the prefill step is reduced while the trace runs and decode
-steps a chunk at a time (:func:`decode_records`, :mod:`trajscope.capture.chunks`),
-with the same definitions. They reduce the big
-per-step tensors (attention probabilities, residual vectors, logits) to the
-numbers the tables keep; the definitions follow DESIGN.md:
+steps a chunk at a time (:func:`decode_records`, :mod:`trajscope.capture.chunks`;
+:func:`step_record` hands a decode step to it as a chunk of one). The
+definitions follow DESIGN.md:
 
 - attention entropy ``H = -Σ_j a_j log a_j`` over the keys a query sees, also
   divided by ``log(#keys)``; ``prefix_mass = Σ_{j<P} a_j``; ``generated_mass =
@@ -119,20 +118,19 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
     n_keys = first_pos + q  # keys 0..last query; a sliding-window cache holds only the newest ones
     attn_rows = [a if a.shape[-1] == n_keys else torch.nn.functional.pad(a, (n_keys - a.shape[-1], 0))
                  for a in attn_rows]
-    if q == 1:
-        a_stats = attention_stats(torch.stack(attn_rows), P, attn_first, top_k_keys)
-    else:  # prefill: per layer, so P×P maps of every layer are never stacked at once
-        per = [attention_stats(a, P, attn_first, top_k_keys) for a in attn_rows]
-        a_stats = {k: torch.stack([p[k] for p in per]) for k in per[0]}
-    # prefill: one layer at a time, so the temporaries stay O(P·d) instead of O(L·P·d)
-    r_stats = residual_stats(torch.stack(resid)) if q == 1 else torch.stack([residual_stats(r) for r in resid])
+    if step > 0:  # one decode query: the chunk kernel, on a chunk of one step
+        records, last_lp = decode_records(step, P, consumed, torch.stack(attn_rows), torch.stack(resid), logits,
+                                          prev_lp, opts)
+        return {**records[0], "last_lp": last_lp}
+    # prefill: per layer, so P×P maps and L·P·d temporaries of every layer are never stacked at once
+    per = [attention_stats(a, P, attn_first, top_k_keys) for a in attn_rows]
+    a_stats = {k: torch.stack([p[k] for p in per]) for k in per[0]}
+    r_stats = torch.stack([residual_stats(r) for r in resid])
     t_stats = token_stats(logits, top_k_tokens)
     lp = t_stats["logprobs"]
-    lp_first = first_pos + q - lp.shape[0]
-    if step == 0:  # logprob of the prompt tokens after each computed row's query
-        chosen = lp[:-1].gather(-1, consumed[q - lp.shape[0] + 1:].unsqueeze(-1)).squeeze(-1)
-    else:
-        chosen = prev_lp[consumed[0]].reshape(1)
+    lp_first = q - lp.shape[0]
+    # logprob of the prompt tokens after each computed row's query
+    chosen = lp[:-1].gather(-1, consumed[q - lp.shape[0] + 1:].unsqueeze(-1)).squeeze(-1)
     return {
         "step": step, "first_pos": first_pos, "attn_first_pos": attn_first, "lp_first_pos": lp_first, "ids": consumed.detach().clone(),
         "chosen_lp": chosen, "entropy": t_stats["entropy"], "top_ids": t_stats["top_ids"],
