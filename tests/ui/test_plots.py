@@ -63,6 +63,25 @@ def test_token_strip_figure_and_cursor_follow_step(short_run):
     assert boxes[0]["visible"] and not boxes[1]["visible"]
 
 
+def test_token_strip_keeps_its_height_when_a_shorter_run_follows(short_run):
+    """The strip grows to the longest run shown (capped) and never shrinks, so the page does not move."""
+    from trajscope.ui.step_figures import STRIP_LINES, TokenStripFigure
+
+    P = short_run.prompt_len
+    fig = TokenStripFigure()
+    long = plots.token_layout(short_run.tokens, wrap=12)  # many lines
+    short = plots.token_layout(short_run.tokens.head(2))  # one line
+    n_long = int(-long["y0"].min() + 0.5)
+    assert n_long > 3
+    fig.show(short, P, "entropy", ["#000000"])
+    assert fig.figure.height == 34 + 60 and fig.figure.y_range.start == pytest.approx(-1.05)
+    fig.show(long, P, "entropy", ["#000000"])
+    tall = 34 * min(n_long, STRIP_LINES) + 60
+    assert fig.figure.height == tall and fig.figure.y_range.start == pytest.approx(-min(n_long, STRIP_LINES) - 0.05)
+    fig.show(short, P, "entropy", ["#000000"])  # boxes keep their size: the range keeps the lines, empty below
+    assert fig.figure.height == tall and fig.figure.y_range.start == pytest.approx(-min(n_long, STRIP_LINES) - 0.05)
+
+
 def test_attention_heatmap_and_cursor(short_run):
     P = short_run.prompt_len
     rows = short_run.attention_rows(0)

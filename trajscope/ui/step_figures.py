@@ -124,7 +124,8 @@ class TokenStripFigure:
     """Token boxes coloured by a metric (colour bar beside them), whitespace visible, a red prefill/decode bar.
 
     Call :meth:`show` with a :func:`~trajscope.ui.plots.token_layout` frame. Boxes without a value are
-    light grey; each label is black or white, whichever contrasts more with its box.
+    light grey; each label is black or white, whichever contrasts more with its box. The strip is as
+    tall as the longest run it has shown (up to :data:`STRIP_LINES` lines; more scroll with y pan).
     """
 
     def __init__(self):
@@ -132,6 +133,7 @@ class TokenStripFigure:
                                                          "token", "phase", "ink")})
         self.bar = ColumnDataSource({"x0": [], "y0": [], "x1": [], "y1": []})
         self.mapper = LinearColorMapper(palette="Viridis256", low=0.0, high=1.0, nan_color="#e0e0e0")
+        self.lines = 1  # lines of tokens the strip has room for
         fig = figure(height=34 + 60, sizing_mode="stretch_width", x_range=Range1d(-0.5, 20.5),
                      y_range=Range1d(-1.05, 0.05), tools="ypan,reset", toolbar_location="right",
                      title="Tokens — prompt | generated (click a token to jump to its step)")
@@ -173,10 +175,14 @@ class TokenStripFigure:
         else:
             self.bar.data = {"x0": [], "y0": [], "x1": [], "y1": []}
         n_lines = int(-layout["y0"].min() + 0.5) if len(layout) else 1
-        shown = min(n_lines, STRIP_LINES)
-        self.figure.y_range.update(start=-shown - 0.05, end=0.05)
+        # the strip grows to the longest run shown (up to STRIP_LINES) and never shrinks: the page below it
+        # stays in place when runs change, and the browser does not lay every plot out again (a height
+        # change cost ~110 ms of main-thread layout at the end of each Generate, benchmarks/app_generate.py)
+        self.lines = max(self.lines, min(n_lines, STRIP_LINES))
+        self.figure.y_range.update(start=-self.lines - 0.05, end=0.05)
         self.figure.x_range.update(start=-0.5, end=max(float(layout["x1"].max() or 1) if len(layout) else 1.0, 20.0) + 0.5)
-        self.figure.height = 34 * shown + 60
+        if self.figure.height != 34 * self.lines + 60:
+            self.figure.height = 34 * self.lines + 60
 
     def on_click(self, fn: Callable[[float, float], None]) -> None:
         """Call ``fn(x, y)`` (data coordinates) when the strip is clicked."""
