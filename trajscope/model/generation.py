@@ -65,15 +65,7 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
         nnsight.register(steer_kernel)
         if kernels is not None:
             nnsight.register(kernels)
-    records: list = []
-    state = {"final": None}
-    P = len(ids)
-    n_layers = model.n_layers
-    blocks = model.blocks()
-    attns = [model.attn(layer) for layer in range(n_layers)]
-    unembed = model.unembed()
-    streamer = model.nn.generator.streamer
-    prompt = torch.tensor([list(ids)])
+    records, state, P, n_layers, blocks, attns, unembed, streamer, prompt = _trace_parts(model, ids)
     # Keep every statement inside the trace on one line: nnsight's remote path maps
     # the body's line numbers back to the file, and a continued line shifts them.
     with model.nn.generate(**gen_kwargs) as tracer:
@@ -99,6 +91,14 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
             out_ids = tracer.result.save()
     final_ids = [int(i) for i in out_ids[0].tolist()]
     return final_ids, list(saved_records), saved_state["final"]
+
+
+def _trace_parts(model: Any, ids: Sequence[int]) -> tuple:
+    """What a generation trace works with: its records list and state, P, L, the block, attention,
+    unembedding and streamer envoys, and the ``[1, P]`` prompt."""
+    n_layers = model.n_layers
+    return ([], {"final": None}, len(ids), n_layers, model.blocks(), [model.attn(layer) for layer in range(n_layers)],
+            model.unembed(), model.nn.generator.streamer, torch.tensor([list(ids)]))
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,15 +128,7 @@ def _run_cached(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Calla
     """
     import nnsight
 
-    records: list = []
-    state = {"final": None}
-    P = len(ids)
-    n_layers = model.n_layers
-    blocks = model.blocks()
-    attns = [model.attn(layer) for layer in range(n_layers)]
-    unembed = model.unembed()
-    streamer = model.nn.generator.streamer
-    prompt = torch.tensor([list(ids)])
+    records, state, P, n_layers, blocks, attns, unembed, streamer, prompt = _trace_parts(model, ids)
     steered = [layer for layer in range(n_layers) if steer[layer]]
     cached = attns + [blocks[layer] for layer in range(n_layers) if not steer[layer]]
     a_paths, b_paths = [a.path for a in attns], [b.path for b in blocks]
