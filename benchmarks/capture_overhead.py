@@ -27,8 +27,8 @@ parameters, built from a config, never downloaded) at short context, and the
 124M model at long context (P = 1,024 and 2,048 prompt tokens, 16 new tokens;
 its position table is widened to 2,112 so both fit). Prints tokens/s and the
 ratio of each variant's median time to ``generate``'s, and for the long-context
-cases the peak resident memory of one run of each variant in a fresh process,
-as a ratio to ``generate``'s; writes ``benchmarks/results/capture_overhead.json``.
+cases the peak resident memory of one run of each variant in a fresh process
+(median of --memory-reps processes each), as a ratio to ``generate``'s; writes ``benchmarks/results/capture_overhead.json``.
 
 Run by hand: ``python benchmarks/capture_overhead.py [--reps 3] [--short-reps 15] [--quick] [--device cuda]``.
 Targets (issue 16): capture ≤ 1.10× default generate at P = 1,024 and 2,048; ≤ 1.05× on the
@@ -210,6 +210,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer tokens, P = 512 only (smoke run)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    ap.add_argument("--memory-reps", type=int, default=3, help="fresh processes per variant for peak memory (median)")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     dev = args.device
@@ -237,9 +238,14 @@ def main() -> None:
             res = bench(models, ids, 16, args.reps, variants)
             label = f"gpt2-small random (124M), P = {P}"
             if not args.no_memory:
-                mem = {v: peak_rss(long_path, v, P, 16, dev) for v in variants}
+                runs = {v: [] for v in variants}
+                for _ in range(args.memory_reps):  # fresh processes, interleaved; a process's peak varies by ±15%
+                    for v in variants:
+                        runs[v].append(peak_rss(long_path, v, P, 16, dev))
+                mem = {v: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
+                       for v, rs in runs.items()}
                 for v in variants:
-                    res[v].update(peak_rss_mib=mem[v][0], run_extra_mib=mem[v][1],
+                    res[v].update(peak_rss_mib=mem[v][0], run_extra_mib=mem[v][1], peak_rss_runs_mib=runs[v],
                                   memory_ratio=mem[v][0] / mem["generate"][0],
                                   run_extra_ratio=mem[v][1] / max(mem["generate"][1], 1e-9))
             out[label] = {"new_tokens": 16, "prompt_tokens": P, "reps": args.reps, **res}

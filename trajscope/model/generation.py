@@ -11,13 +11,6 @@ the kernel module is shipped by value) and appends it to a saved list. A local
 ``step_fn`` may instead keep a few steps' reads and reduce them together
 (:mod:`trajscope.capture.chunks`); the caller then reduces what is left after the trace.
 
-A local run reads the same values through one ``tracer.cache`` of the attention
-modules and (unsteered) blocks, and parks the trace once per step, on the logits
-(:func:`_run_cached`): each ``.output`` read is a round trip between the model and
-the trace body, and 2L + 1 of them per step cost about 4% of a decode step on the
-124M GPT-2 at short context, the cache about 1% (docs/capture_overhead.md). NDIF
-and ``remote="local"`` keep the per-module reads, whose body nnsight can ship.
-
 nnsight facts this relies on (NNSIGHT_NOTES.md): modules must be read in
 execution order; ``tracer.result`` must be read in its own invoke so EOS before
 N steps still returns the ids; only ``.save()`` d values leave the block.
@@ -25,7 +18,6 @@ N steps still returns the ids; only ``.save()`` d values leave the block.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Sequence
 
 import torch
@@ -58,14 +50,20 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
     """
     import nnsight
 
-    if not model.remote and cache_reads():
-        return _run_cached(model, ids, gen_kwargs, step_fn, step_opts, steer, max_new_tokens)
     if model.remote:
         gen_kwargs = {**gen_kwargs, **model.remote_options()}
         nnsight.register(steer_kernel)
         if kernels is not None:
             nnsight.register(kernels)
-    records, state, P, n_layers, blocks, attns, unembed, streamer, prompt = _trace_parts(model, ids)
+    records: list = []
+    state = {"final": None}
+    P = len(ids)
+    n_layers = model.n_layers
+    blocks = model.blocks()
+    attns = [model.attn(layer) for layer in range(n_layers)]
+    unembed = model.unembed()
+    streamer = model.nn.generator.streamer
+    prompt = torch.tensor([list(ids)])
     # Keep every statement inside the trace on one line: nnsight's remote path maps
     # the body's line numbers back to the file, and a continued line shifts them.
     with model.nn.generate(**gen_kwargs) as tracer:
@@ -85,72 +83,6 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
                         blocks[layer].output = with_hidden(out, new)
                     resid.append((hidden(out) if new is None else new)[0])
                 logits = unembed.output[0]
-                prev_lp = step_fn(step, P, consumed, attn_rows, resid, logits, prev_lp, step_opts, saved_records)
-                saved_state["final"] = prev_lp
-        with tracer.invoke():
-            out_ids = tracer.result.save()
-    final_ids = [int(i) for i in out_ids[0].tolist()]
-    return final_ids, list(saved_records), saved_state["final"]
-
-
-def _trace_parts(model: Any, ids: Sequence[int]) -> tuple:
-    """What a generation trace works with: its records list and state, P, L, the block, attention,
-    unembedding and streamer envoys, and the ``[1, P]`` prompt."""
-    n_layers = model.n_layers
-    return ([], {"final": None}, len(ids), n_layers, model.blocks(), [model.attn(layer) for layer in range(n_layers)],
-            model.unembed(), model.nn.generator.streamer, torch.tensor([list(ids)]))
-
-
-@functools.lru_cache(maxsize=1)
-def cache_reads() -> bool:
-    """Whether this nnsight keeps a ``tracer.cache`` view's visits where :func:`_run_cached` takes
-    them from (``view._cache.entries``: module path → list of visits); otherwise local runs read
-    module by module, as remote ones do."""
-    try:
-        from nnsight.intervention.cache import Cache, CacheView, Entry
-
-        view = CacheView(Cache(None, modules=[]), None)
-        view._cache._record("m", "output", 1)
-        entries = view._cache.entries
-        return isinstance(entries, dict) and isinstance(entries["m"][-1], Entry) and entries["m"][-1].output == 1
-    except Exception:  # another nnsight layout: the per-module reads work everywhere
-        return False
-
-
-def _run_cached(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Callable, step_opts: tuple,
-                steer: Sequence[Sequence[tuple]], max_new_tokens: int) -> tuple[list[int], list, Any]:
-    """:func:`run_generation` for a local model: the same reads, from one ``tracer.cache``.
-
-    The cache records each attention module's and unsteered block's output as the model computes
-    it (no switch to the trace body); the body parks once per step, on the logits (and on each
-    steered block, to write it), then takes the step's values out of the cache, so it holds at
-    most one step of them.
-    """
-    import nnsight
-
-    records, state, P, n_layers, blocks, attns, unembed, streamer, prompt = _trace_parts(model, ids)
-    steered = [layer for layer in range(n_layers) if steer[layer]]
-    cached = attns + [blocks[layer] for layer in range(n_layers) if not steer[layer]]
-    a_paths, b_paths = [a.path for a in attns], [b.path for b in blocks]
-    with model.nn.generate(**gen_kwargs) as tracer:
-        saved_records = nnsight.save(records)
-        saved_state = nnsight.save(state)
-        with tracer.invoke(prompt):
-            entries = tracer.cache(modules=cached, device=None)._cache.entries
-            prev_lp = None
-            for step in tracer.iter[:max_new_tokens]:
-                consumed = streamer.output.reshape(-1)
-                steps = torch.full((consumed.shape[0],), step)
-                written = {}
-                for layer in steered:
-                    out = blocks[layer].output
-                    new = steer_kernel.steer_hidden(hidden(out), steer[layer], steps)
-                    if new is not None:
-                        blocks[layer].output = with_hidden(out, new)
-                    written[layer] = (hidden(out) if new is None else new)[0]
-                logits = unembed.output[0]
-                attn_rows = [entries[path].pop().output[1][0] for path in a_paths]
-                resid = [written[layer] if layer in written else hidden(entries[b_paths[layer]].pop().output)[0] for layer in range(n_layers)]
                 prev_lp = step_fn(step, P, consumed, attn_rows, resid, logits, prev_lp, step_opts, saved_records)
                 saved_state["final"] = prev_lp
         with tracer.invoke():
