@@ -1,0 +1,105 @@
+"""Benchmark: where capture's peak memory at long context comes from — nnsight's trace or trajscope's reads.
+
+Each variant runs once (16 new tokens after a P-token prompt, the random 124M GPT-2 of
+``capture_overhead.py``) in a fresh process with no warm-up, while a thread samples the
+process's resident memory every 2 ms:
+
+- ``generate(sdpa)``: plain Hugging Face ``generate``, the model's default attention;
+- ``generate(rows)``: the same on the ``attn="rows"`` model (trajscope's attention, no nnsight);
+- ``trace(empty)``: an nnsight ``generate`` trace whose body reads nothing;
+- ``capture``: :func:`trajscope.capture` with its defaults.
+
+Run by hand: ``python benchmarks/trace_memory.py [--P 2048] [--reps 2]``; writes
+``benchmarks/results/trace_memory.json`` (peak RSS per process, MiB, and the medians as ratios to
+``generate(sdpa)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+HERE = pathlib.Path(__file__).resolve().parent
+VARIANTS = ("generate(sdpa)", "generate(rows)", "trace(empty)", "capture")
+
+
+def child(variant: str, path: str, P: int) -> None:
+    """One run of ``variant`` in this (fresh) process; prints ``{"before", "peak"}`` in MiB."""
+    sys.path.insert(0, str(HERE))
+    import torch
+
+    import capture_overhead as bench
+    import trajscope as ts
+    from trajscope.capture import CaptureConfig, _gen_kwargs
+
+    torch.set_grad_enabled(False)
+    model = ts.load_model(path, attn="sdpa" if variant == "generate(sdpa)" else "rows")
+    ids = bench.long_ids(model, P)
+
+    def run() -> None:
+        if variant.startswith("generate"):
+            model.generate_ids(ids, max_new_tokens=16, stop_at_eos=False)
+        elif variant == "trace(empty)":
+            with model.nn.generate(**_gen_kwargs(model, CaptureConfig(max_new_tokens=16, stop_at_eos=False))) as tr:
+                with tr.invoke(torch.tensor([ids])):
+                    tr.result.save()
+        else:
+            ts.capture(model, ids, max_new_tokens=16, stop_at_eos=False)
+
+    before = bench._rss_mib()
+    peak, done = [before], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], bench._rss_mib())
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    run()
+    done.set()
+    t.join()
+    print(json.dumps({"before": before, "peak": peak[0]}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--P", type=int, default=2048, help="prompt tokens")
+    ap.add_argument("--reps", type=int, default=2, help="fresh processes per variant (interleaved)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    from capture_overhead import gpt2_small_dir
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(gpt2_small_dir(pathlib.Path(tmp), max(2112, args.P + 64)))
+        peaks: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        for _ in range(args.reps):
+            for v in VARIANTS:
+                out = subprocess.run([sys.executable, __file__, "--child", v, path, str(args.P)],
+                                     capture_output=True, text=True, check=True)
+                peaks[v].append(json.loads(out.stdout.strip().splitlines()[-1])["peak"])
+                print(f"{v:<16} peak {peaks[v][-1]:7.0f} MiB", flush=True)
+    base = statistics.median(peaks["generate(sdpa)"])
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "P": args.P, "new_tokens": 16, "reps": args.reps,
+              **{v: {"peak_rss_mib": p, "median_ratio": statistics.median(p) / base} for v, p in peaks.items()}}
+    for v in VARIANTS:
+        print(f"{v:<16} median {statistics.median(peaks[v]):7.0f} MiB  {result[v]['median_ratio']:.2f}× generate(sdpa)")
+    out = HERE / "results" / "trace_memory.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main()
