@@ -144,8 +144,8 @@ def _rss_mib() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def measure_peak(models: dict, variant: str, n: int, ids: list[int]) -> tuple[float, float]:
-    """(peak RSS during one run, peak minus the RSS before it), MiB, sampled every 2 ms."""
+def peak_during(run) -> tuple[float, float]:
+    """(peak RSS while ``run()`` runs, peak minus the RSS before it), MiB, sampled every 2 ms."""
     import gc
     import threading
 
@@ -161,11 +161,16 @@ def measure_peak(models: dict, variant: str, n: int, ids: list[int]) -> tuple[fl
     t = threading.Thread(target=sample, daemon=True)
     t.start()
     try:
-        run_variant(models, variant, n, ids, {})
+        run()
     finally:
         done.set()
         t.join()
     return peak[0], peak[0] - before
+
+
+def measure_peak(models: dict, variant: str, n: int, ids: list[int]) -> tuple[float, float]:
+    """:func:`peak_during` one run of ``variant``."""
+    return peak_during(lambda: run_variant(models, variant, n, ids, {}))
 
 
 def peak_rss(path: str, variant: str, P: int, n: int, device: str) -> tuple[float, float]:

@@ -1,8 +1,8 @@
 """Benchmark: where capture's peak memory at long context comes from — nnsight's trace or trajscope's reads.
 
 Each variant runs once (16 new tokens after a P-token prompt, the random 124M GPT-2 of
-``capture_overhead.py``) in a fresh process with no warm-up, while a thread samples the
-process's resident memory every 2 ms:
+``capture_overhead.py``) in a fresh process with no warm-up, its peak resident memory sampled
+every 2 ms (``capture_overhead.peak_during``):
 
 - ``generate(sdpa)``: plain Hugging Face ``generate``, the model's default attention;
 - ``generate(rows)``: the same on the ``attn="rows"`` model (trajscope's attention, no nnsight);
@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -55,20 +54,8 @@ def child(variant: str, path: str, P: int) -> None:
         else:
             ts.capture(model, ids, max_new_tokens=16, stop_at_eos=False)
 
-    before = bench._rss_mib()
-    peak, done = [before], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], bench._rss_mib())
-            time.sleep(0.002)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    run()
-    done.set()
-    t.join()
-    print(json.dumps({"before": before, "peak": peak[0]}))
+    peak, extra = bench.peak_during(run)
+    print(json.dumps({"before": peak - extra, "peak": peak}))
 
 
 def main() -> None:
