@@ -161,7 +161,7 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
         try:
             result = model.generation(ids, gen_kwargs, kernels.record_step if chunks is None else chunks, opts,
                                       steer_specs(model, cfg.steering), N, kernels=kernels,
-                                      prefill_rows=cfg.prefill_row_limit)
+                                      prefill_rows=cfg.prefill_row_limit, layer_fn=kernels.prefill_layer)
         except KeyboardInterrupt:
             stop_reason = "interrupted"
         if chunks is not None and chunks.out is not None:

@@ -24,8 +24,8 @@ import torch
 from trajscope.metrics.residual_stats import ACT_FIELDS, residual_stats
 
 ATTN_FIELDS = ("entropy", "entropy_norm", "prefix_mass", "generated_mass", "sink_mass", "sink4_mass", "self_mass")
-__all__ = ["ACT_FIELDS", "ATTN_FIELDS", "attention_stats", "token_stats", "step_record", "decode_records",
-           "record_step", "probe_scores"]
+__all__ = ["ACT_FIELDS", "ATTN_FIELDS", "attention_stats", "token_stats", "step_record", "prefill_layer",
+           "decode_records", "record_step", "probe_scores"]
 
 
 def attention_stats(a: torch.Tensor, prompt_len: int, first_query_pos: int, top_k: int = 8) -> dict:
@@ -114,18 +114,18 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
     res_layers, row_layers, top_k_keys, top_k_tokens, probe, sae = opts
     first_pos = 0 if step == 0 else P + step - 1
     q = consumed.shape[0]
-    attn_first = first_pos + q - attn_rows[0].shape[-2]
-    n_keys = first_pos + q  # keys 0..last query; a sliding-window cache holds only the newest ones
-    attn_rows = [a if a.shape[-1] == n_keys else torch.nn.functional.pad(a, (n_keys - a.shape[-1], 0))
-                 for a in attn_rows]
     if step > 0:  # one decode query: the chunk kernel, on a chunk of one step
+        n_keys = first_pos + q  # keys 0..last query; a sliding-window cache holds only the newest ones
+        attn_rows = [a if a.shape[-1] == n_keys else torch.nn.functional.pad(a, (n_keys - a.shape[-1], 0))
+                     for a in attn_rows]
         records, last_lp = decode_records(step, P, consumed, torch.stack(attn_rows), torch.stack(resid), logits,
                                           prev_lp, opts)
         return {**records[0], "last_lp": last_lp}
-    # prefill: per layer, so P×P maps and L·P·d temporaries of every layer are never stacked at once
-    per = [attention_stats(a, P, attn_first, top_k_keys) for a in attn_rows]
-    a_stats = {k: torch.stack([p[k] for p in per]) for k in per[0]}
-    r_stats = torch.stack([residual_stats(r) for r in resid])
+    # prefill: per layer (already, when the loop reduced each layer as it was read), so the P×P maps and
+    # [P, d] block outputs of every layer are never held at once
+    per = [a if isinstance(a, dict) else prefill_layer(layer, P, a, resid[layer], opts)
+           for layer, a in enumerate(attn_rows)]
+    attn_first = per[0]["attn_first_pos"]
     t_stats = token_stats(logits, top_k_tokens)
     lp = t_stats["logprobs"]
     lp_first = q - lp.shape[0]
@@ -134,14 +134,43 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
     return {
         "step": step, "first_pos": first_pos, "attn_first_pos": attn_first, "lp_first_pos": lp_first, "ids": consumed.detach().clone(),
         "chosen_lp": chosen, "entropy": t_stats["entropy"], "top_ids": t_stats["top_ids"],
-        "top_lp": t_stats["top_lp"], "attn": a_stats["stats"], "top_pos": a_stats["top_pos"],
-        "top_w": a_stats["top_w"], "act": r_stats,
-        "resid": {layer: resid[layer].detach().clone() for layer in res_layers},
-        "rows": {layer: attn_rows[layer].detach().clone() for layer in row_layers},
+        "top_lp": t_stats["top_lp"], "attn": torch.stack([p["attn"] for p in per]),
+        "top_pos": torch.stack([p["top_pos"] for p in per]), "top_w": torch.stack([p["top_w"] for p in per]),
+        "act": torch.stack([p["act"] for p in per]),
+        "resid": {layer: per[layer]["resid"] for layer in res_layers},
+        "rows": {layer: per[layer]["rows"] for layer in row_layers},
         "last_lp": lp[-1],
-        "probe": probe_scores(resid, probe, step, t_stats["entropy"][-1]) if probe is not None else None,
-        "sae": sae[1](resid[sae[0]]) if sae is not None else None,
+        "probe": None,  # the prefill is never probed (probe_scores)
+        "sae": sae[1](per[sae[0]]["resid"]) if sae is not None else None,
     }
+
+
+def prefill_layer(layer, P, a, r, opts) -> dict:
+    """One layer's prefill reads reduced to what the prefill record keeps of them.
+
+    The generation loop calls it as each layer is read, so that only one layer's ``[P, d_model]``
+    block output and attention rows are alive at a time (capture's prefill memory stays that of
+    one layer, not L).
+
+    Args:
+        layer: the layer index; P: prompt length (the step's P queries).
+        a: ``[H, n, k]`` attention rows of the last ``n ≤ P`` prompt queries (``k ≤ P`` keys: a
+            sliding-window cache holds only the newest); r: ``[P, d_model]`` the block output.
+        opts: as :func:`step_record`.
+    Returns:
+        ``{"attn_first_pos", "attn": [H, n, 7], "top_pos", "top_w": [H, n, top_k_keys], "act": [P, 7],
+        "resid": [P, d_model] copy or None, "rows": [H, n, P] copy or None}``: the residual is copied when
+        the layer's residual is kept or encoded by the SAE, the rows when the layer's rows are kept.
+    """
+    res_layers, row_layers, top_k_keys, _, _, sae = opts
+    if a.shape[-1] != P:
+        a = torch.nn.functional.pad(a, (P - a.shape[-1], 0))
+    first = P - a.shape[-2]
+    s = attention_stats(a, P, first, top_k_keys)
+    keep_r = layer in res_layers or (sae is not None and sae[0] == layer)
+    return {"attn_first_pos": first, "attn": s["stats"], "top_pos": s["top_pos"], "top_w": s["top_w"],
+            "act": residual_stats(r), "resid": r.detach().clone() if keep_r else None,
+            "rows": a.detach().clone() if layer in row_layers else None}
 
 
 def record_step(step, P, consumed, attn_rows, resid, logits, prev_lp, opts, out) -> torch.Tensor:

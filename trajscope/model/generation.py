@@ -7,7 +7,10 @@ each block's attention probabilities and output (steering applied first, with
 :func:`trajscope.model.steer.steer_hidden`) and the logits, and hands them to
 the caller's ``step_fn`` — a per-step kernel that reduces them to a small
 record *inside* the step (locally while it runs, or on the NDIF server, where
-the kernel module is shipped by value) and appends it to a saved list. A local
+the kernel module is shipped by value) and appends it to a saved list. At the
+prefill step an optional ``layer_fn`` reduces each layer's reads as soon as they
+are read, so the trace never holds every layer's ``[P, d]`` block output and
+attention rows at once (capture's prefill memory is one layer's, not L). A local
 ``step_fn`` may instead keep a few steps' reads and reduce them together
 (:mod:`trajscope.capture.chunks`); the caller then reduces what is left after the trace.
 
@@ -28,7 +31,7 @@ from trajscope.model.families import hidden, with_hidden
 
 def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Callable, step_opts: tuple,
                    steer: Sequence[Sequence[tuple]], max_new_tokens: int,
-                   kernels: Any = None) -> tuple[list[int], list, Any]:
+                   kernels: Any = None, layer_fn: Callable | None = None) -> tuple[list[int], list, Any]:
     """Run the generation trace.
 
     Args:
@@ -44,6 +47,10 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
         steer: per layer, the steering spec tuples applied to that block's output.
         max_new_tokens: N, the number of steps.
         kernels: the module that defines ``step_fn``, registered with nnsight for remote runs.
+        layer_fn: at the prefill step, ``layer_fn(layer, P, attn_rows [H, n, k], resid [P, d_model],
+            step_opts)`` is called as each layer is read; its return value replaces that layer's attention
+            rows in the list handed to ``step_fn`` and the layer's residual entry is None
+            (:func:`trajscope.capture.kernels.prefill_layer`). None: the raw reads are handed on.
     Returns:
         ``(final_ids, records, last_lp)``: all token ids (prompt + generated), the records, and
         ``step_fn``'s last return value (the ``[vocab]`` log-probabilities that produced the last token).
@@ -75,13 +82,16 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
                 consumed = streamer.output.reshape(-1)
                 attn_rows, resid = [], []
                 steps = torch.full((consumed.shape[0],), step)
+                reduce = step == 0 and layer_fn is not None
                 for layer in range(n_layers):
-                    attn_rows.append(attns[layer].output[1][0])
+                    rows = attns[layer].output[1][0]
                     out = blocks[layer].output
                     new = steer_kernel.steer_hidden(hidden(out), steer[layer], steps) if steer[layer] else None
                     if new is not None:
                         blocks[layer].output = with_hidden(out, new)
-                    resid.append((hidden(out) if new is None else new)[0])
+                    r = (hidden(out) if new is None else new)[0]
+                    attn_rows.append(layer_fn(layer, P, rows, r, step_opts) if reduce else rows)
+                    resid.append(None if reduce else r)
                 logits = unembed.output[0]
                 prev_lp = step_fn(step, P, consumed, attn_rows, resid, logits, prev_lp, step_opts, saved_records)
                 saved_state["final"] = prev_lp

@@ -177,7 +177,7 @@ class ModelHandle:
     # -- operations -------------------------------------------------------------------------
     def generation(self, ids: Sequence[int], gen_kwargs: dict, step_fn: Callable, step_opts: tuple,
                    steer: Sequence[Sequence[tuple]], max_new_tokens: int,
-                   kernels: Any = None, prefill_rows: int | None = None) -> tuple:
+                   kernels: Any = None, prefill_rows: int | None = None, layer_fn: Callable | None = None) -> tuple:
         """Run one generation trace; see :func:`trajscope.model.generation.run_generation`.
 
         ``prefill_rows``: with ``attn="rows"``, the prefill computes the attention rows of the last
@@ -187,7 +187,7 @@ class ModelHandle:
             raise TrajscopeError("This model was loaded with attn='sdpa', which exposes no attention rows; "
                                  "load it with attn='rows' (the default) or 'eager' to capture.")
         with self.lock, self._prefill_rows(prefill_rows):
-            return run_generation(self, ids, gen_kwargs, step_fn, step_opts, steer, max_new_tokens, kernels)
+            return run_generation(self, ids, gen_kwargs, step_fn, step_opts, steer, max_new_tokens, kernels, layer_fn)
 
     def _prefill_rows(self, n: int | None):
         if self.attn_impl != "rows" or self.remote is True:
