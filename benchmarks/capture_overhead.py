@@ -6,7 +6,9 @@ equally often (in a fixed order, the variant after ``generate(eager)`` ran 3–5
 same work elsewhere in the round: ``capture`` 1.10× while ``capture+resid``, a superset, 1.06×):
 
 - ``generate``: plain Hugging Face ``generate`` (greedy, KV cache) with the model's
-  *default* attention (SDPA), no nnsight — the baseline of every ratio;
+  *default* attention (SDPA), on a model loaded by ``transformers`` itself — no nnsight, not even
+  the envoys nnsight installs on a loaded model's modules (those alone cost ~1% per step:
+  ``docs/capture_overhead.md``) — the baseline of every ratio;
 - ``generate(eager)``: the same with eager attention, reported beside it;
 - ``capture``: :func:`trajscope.capture` with telemetry only (tokens, attention and
   activations tables for every layer), on the default ``attn="rows"`` model (SDPA
@@ -28,7 +30,14 @@ parameters, built from a config, never downloaded) at short context, and the
 its position table is widened to 2,112 so both fit). Prints tokens/s and the
 ratio of each variant's median time to ``generate``'s, and for the long-context
 cases the peak resident memory of one run of each variant in a fresh process
-(median of --memory-reps processes each), as a ratio to ``generate``'s; writes ``benchmarks/results/capture_overhead.json``.
+(median of --memory-reps processes each), as a ratio to ``generate``'s, twice: with glibc's
+default allocator settings, and with its mmap threshold fixed at 1 MiB for every variant alike
+(``MALLOC_MMAP_THRESHOLD_``). By default glibc raises that threshold as large blocks are freed, so
+later blocks of the same size come from the heap, which keeps freed memory mapped: the same run's
+peak then moves by ±150 MiB from process to process with the order of allocations, the baseline's
+included. With the threshold fixed, each tensor of 1 MiB or more is mapped and unmapped on its own,
+and the peak measures what the run keeps alive (repeatable to a few MiB). Writes
+``benchmarks/results/capture_overhead.json``.
 
 Run by hand: ``python benchmarks/capture_overhead.py [--reps 3] [--short-reps 15] [--quick] [--device cuda]``.
 Targets (issue 16): capture ≤ 1.10× default generate at P = 1,024 and 2,048; ≤ 1.05× on the
@@ -90,11 +99,32 @@ def extras(model: ts.ModelHandle, ids: list[int]) -> dict:
     return {"sae": sae, "probe": ts.DriftProbe(profile_from_residuals(res, fpr=0.05))}
 
 
+def load_models(path: str, device: str, attns=("rows", "eager", "sdpa")) -> dict:
+    """``{attn: trajscope handle}`` for "rows" / "eager" (the captures) and ``{"hf-" + attn: (model,
+    tokenizer)}`` for "sdpa" / "eager" (the baselines: loaded by ``transformers`` itself, no nnsight)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    models: dict = {a: ts.load_model(path, device=device, attn=a) for a in attns if a in ("rows", "eager")}
+    local = str(ts.model.sample_data_dir() / "models" / "trajscope-tiny") if path == "sample" else path
+    for a in attns:
+        if a in ("sdpa", "eager"):
+            hf = AutoModelForCausalLM.from_pretrained(local, attn_implementation=a, dtype=torch.float32)
+            models[f"hf-{a}"] = (hf.to(device).eval(), AutoTokenizer.from_pretrained(local))
+    return models
+
+
+def hf_generate(entry: tuple, ids: list[int], n: int) -> list[int]:
+    """Plain ``transformers`` greedy ``generate`` with the KV cache, EOS off (the capture's settings)."""
+    hf, tok = entry
+    x = torch.tensor([ids], device=hf.device)
+    return hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False, temperature=None,
+                       top_p=None, top_k=None, eos_token_id=[], pad_token_id=tok.pad_token_id)[0].tolist()
+
+
 def run_variant(models: dict, variant: str, n: int, ids: list[int], extra: dict) -> float:
     t0 = time.perf_counter()
     if variant.startswith("generate"):
-        m = models["eager" if "eager" in variant else "sdpa"]
-        out = m.generate_ids(ids, max_new_tokens=n, stop_at_eos=False)
+        out = hf_generate(models["hf-eager" if "eager" in variant else "hf-sdpa"], ids, n)
         assert len(out) == len(ids) + n
     else:
         kw = {"capture+resid": {"residual_layers": "all"}, "capture+probe": {"probe": extra.get("probe")},
@@ -173,26 +203,32 @@ def measure_peak(models: dict, variant: str, n: int, ids: list[int]) -> tuple[fl
     return peak_during(lambda: run_variant(models, variant, n, ids, {}))
 
 
-def peak_rss(path: str, variant: str, P: int, n: int, device: str) -> tuple[float, float]:
-    """:func:`measure_peak` of one variant in a fresh process (so earlier runs leave no high-water mark)."""
+FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": str(2**20)}  # glibc: every block of 1 MiB or more mapped on its own
+
+
+def peak_rss(path: str, variant: str, P: int, n: int, device: str, env: dict | None = None) -> tuple[float, float]:
+    """:func:`measure_peak` of one variant in a fresh process (so earlier runs leave no high-water mark),
+    with ``env`` added to its environment (e.g. :data:`FIXED_MMAP`)."""
     code = (f"import sys; sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r});"
             "import capture_overhead as b, trajscope as ts, torch; torch.set_grad_enabled(False);"
-            f"v = {variant!r}; attn = 'eager' if 'eager' in v else ('sdpa' if v.startswith('generate') else 'rows');"
-            f"m = ts.load_model({path!r}, device={device!r}, attn=attn); ids = b.long_ids(m, {P});"
-            f"b.run_variant({{attn: m}}, v, 2, ids, {{}});"
-            f"print(*b.measure_peak({{attn: m}}, v, {n}, ids))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            f"v = {variant!r}; attns = ('eager',) if 'eager' in v else (('sdpa',) if v.startswith('generate') else ('rows',));"
+            f"m = b.load_models({path!r}, {device!r}, attns); ids = b.long_ids(next(iter(m.values())), {P});"
+            f"b.run_variant(m, v, 2, ids, {{}});"
+            f"print(*b.measure_peak(m, v, {n}, ids))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, **(env or {})})
     peak, extra = map(float, out.stdout.strip().splitlines()[-1].split())
     return peak, extra
 
 
-def long_ids(model: ts.ModelHandle, P: int) -> list[int]:
-    """P token ids of real text (the standard library's source, repeated as needed)."""
+def long_ids(model, P: int) -> list[int]:
+    """P token ids of real text (the standard library's source, repeated as needed); ``model`` is a
+    trajscope handle or a ``(model, tokenizer)`` baseline entry."""
     import inspect
     import json as _json
 
     text = inspect.getsource(_json.decoder) + inspect.getsource(_json.encoder)
-    ids = model.encode(text)
+    ids = model[1](text, add_special_tokens=False)["input_ids"] if isinstance(model, tuple) else model.encode(text)
     while len(ids) < P:
         ids = ids + ids
     return ids[:P]
@@ -228,7 +264,7 @@ def main() -> None:
         cases = [("sample (5.7M)", "sample", 32 if args.quick else 128),
                  ("gpt2-small random (124M)", str(gpt2_small_dir(tmp)), 16 if args.quick else 64)]
         for label, path, n in cases:
-            models = {a: ts.load_model(path, device=dev, attn=a) for a in ("rows", "eager", "sdpa")}
+            models = load_models(path, dev)
             ids = models["rows"].encode(PROMPT)
             reps = args.short_reps or args.reps
             res = bench(models, ids, n, reps, short)
@@ -236,29 +272,32 @@ def main() -> None:
             report(label, n, reps, res)
             del models
         long_path = str(gpt2_small_dir(tmp, 2112))
-        models = {a: ts.load_model(long_path, device=dev, attn=a) for a in ("rows", "eager", "sdpa")}
+        models = load_models(long_path, dev)
         for P in ((512,) if args.quick else LONG):
             ids = long_ids(models["rows"], P)
             variants = ("generate", "generate(eager)", "capture", "capture(eager)")
             res = bench(models, ids, 16, args.reps, variants)
             label = f"gpt2-small random (124M), P = {P}"
             if not args.no_memory:
-                runs = {v: [] for v in variants}
-                for _ in range(args.memory_reps):  # fresh processes, interleaved; a process's peak varies by ±15%
+                for prefix, env in (("", None), ("fixed_mmap_", FIXED_MMAP)):
+                    runs = {v: [] for v in variants}
+                    for _ in range(args.memory_reps):  # fresh processes, interleaved
+                        for v in variants:
+                            runs[v].append(peak_rss(long_path, v, P, 16, dev, env))
+                    mem = {v: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
+                           for v, rs in runs.items()}
                     for v in variants:
-                        runs[v].append(peak_rss(long_path, v, P, 16, dev))
-                mem = {v: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
-                       for v, rs in runs.items()}
-                for v in variants:
-                    res[v].update(peak_rss_mib=mem[v][0], run_extra_mib=mem[v][1], peak_rss_runs_mib=runs[v],
-                                  memory_ratio=mem[v][0] / mem["generate"][0],
-                                  run_extra_ratio=mem[v][1] / max(mem["generate"][1], 1e-9))
+                        res[v].update({f"{prefix}peak_rss_mib": mem[v][0], f"{prefix}run_extra_mib": mem[v][1],
+                                       f"{prefix}peak_rss_runs_mib": runs[v],
+                                       f"{prefix}memory_ratio": mem[v][0] / mem["generate"][0],
+                                       f"{prefix}run_extra_ratio": mem[v][1] / max(mem["generate"][1], 1e-9)})
             out[label] = {"new_tokens": 16, "prompt_tokens": P, "reps": args.reps, **res}
             report(label, 16, args.reps, res)
             if not args.no_memory:
-                print("  peak RSS during the run, MiB (× generate; the run's own growth in MiB): " + ", ".join(
-                    f"{v} {res[v]['peak_rss_mib']:.0f} ({res[v]['memory_ratio']:.2f}×; +{res[v]['run_extra_mib']:.0f})"
-                    for v in variants))
+                for prefix, what in (("", "glibc defaults"), ("fixed_mmap_", "mmap threshold fixed at 1 MiB")):
+                    print(f"  peak RSS during the run, {what}, MiB (× generate; the run's own growth in MiB): " + ", ".join(
+                        f"{v} {res[v][prefix + 'peak_rss_mib']:.0f} ({res[v][prefix + 'memory_ratio']:.2f}×; "
+                        f"+{res[v][prefix + 'run_extra_mib']:.0f})" for v in variants))
     RESULTS.mkdir(exist_ok=True)
     suffix = "" if dev == "cpu" else "_" + dev.replace(":", "")
     (RESULTS / f"capture_overhead{suffix}.json").write_text(json.dumps(out, indent=2) + "\n")

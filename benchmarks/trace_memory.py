@@ -4,12 +4,18 @@ Each variant runs once (16 new tokens after a P-token prompt, the random 124M GP
 ``capture_overhead.py``) in a fresh process with no warm-up, its peak resident memory sampled
 every 2 ms (``capture_overhead.peak_during``):
 
-- ``generate(sdpa)``: plain Hugging Face ``generate``, the model's default attention;
-- ``generate(rows)``: the same on the ``attn="rows"`` model (trajscope's attention, no nnsight);
+- ``generate(sdpa)``: plain Hugging Face ``generate``, the model's default attention, on a model
+  loaded by ``transformers`` itself (no nnsight; ``capture_overhead.load_models``);
+- ``generate(rows)``: ``generate`` on the ``attn="rows"`` trajscope model (trajscope's attention; the
+  module as nnsight loaded it, no trace);
 - ``trace(empty)``: an nnsight ``generate`` trace whose body reads nothing;
 - ``capture``: :func:`trajscope.capture` with its defaults.
 
-Run by hand: ``python benchmarks/trace_memory.py [--P 2048] [--reps 2]``; writes
+``--fixed-mmap`` runs every process with glibc's mmap threshold fixed at 1 MiB
+(``capture_overhead.FIXED_MMAP``): peaks then measure what each run keeps alive, repeatable to a few
+MiB, instead of moving ±150 MiB with the heap's history.
+
+Run by hand: ``python benchmarks/trace_memory.py [--P 2048] [--reps 2] [--fixed-mmap]``; writes
 ``benchmarks/results/trace_memory.json`` (peak RSS per process, MiB, and the medians as ratios to
 ``generate(sdpa)``).
 """
@@ -41,11 +47,16 @@ def child(variant: str, path: str, P: int) -> None:
     from trajscope.capture import CaptureConfig, _gen_kwargs
 
     torch.set_grad_enabled(False)
-    model = ts.load_model(path, attn="sdpa" if variant == "generate(sdpa)" else "rows")
+    if variant == "generate(sdpa)":
+        model = bench.load_models(path, "cpu", ("sdpa",))["hf-sdpa"]
+    else:
+        model = ts.load_model(path, attn="rows")
     ids = bench.long_ids(model, P)
 
     def run() -> None:
-        if variant.startswith("generate"):
+        if variant == "generate(sdpa)":
+            bench.hf_generate(model, ids, 16)
+        elif variant.startswith("generate"):
             model.generate_ids(ids, max_new_tokens=16, stop_at_eos=False)
         elif variant == "trace(empty)":
             with model.nn.generate(**_gen_kwargs(model, CaptureConfig(max_new_tokens=16, stop_at_eos=False))) as tr:
@@ -62,9 +73,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--P", type=int, default=2048, help="prompt tokens")
     ap.add_argument("--reps", type=int, default=2, help="fresh processes per variant (interleaved)")
+    ap.add_argument("--fixed-mmap", action="store_true", help="glibc's mmap threshold fixed at 1 MiB in every process")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
-    from capture_overhead import gpt2_small_dir
+    from capture_overhead import FIXED_MMAP, gpt2_small_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         path = str(gpt2_small_dir(pathlib.Path(tmp), max(2112, args.P + 64)))
@@ -72,15 +84,17 @@ def main() -> None:
         for _ in range(args.reps):
             for v in VARIANTS:
                 out = subprocess.run([sys.executable, __file__, "--child", v, path, str(args.P)],
-                                     capture_output=True, text=True, check=True)
+                                     capture_output=True, text=True, check=True,
+                                     env={**os.environ, **(FIXED_MMAP if args.fixed_mmap else {})})
                 peaks[v].append(json.loads(out.stdout.strip().splitlines()[-1])["peak"])
                 print(f"{v:<16} peak {peaks[v][-1]:7.0f} MiB", flush=True)
     base = statistics.median(peaks["generate(sdpa)"])
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "P": args.P, "new_tokens": 16, "reps": args.reps,
+              "allocator": "glibc, mmap threshold fixed at 1 MiB" if args.fixed_mmap else "glibc defaults",
               **{v: {"peak_rss_mib": p, "median_ratio": statistics.median(p) / base} for v, p in peaks.items()}}
     for v in VARIANTS:
         print(f"{v:<16} median {statistics.median(peaks[v]):7.0f} MiB  {result[v]['median_ratio']:.2f}× generate(sdpa)")
-    out = HERE / "results" / "trace_memory.json"
+    out = HERE / "results" / ("trace_memory_fixed_mmap.json" if args.fixed_mmap else "trace_memory.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 
