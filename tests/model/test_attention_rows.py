@@ -96,3 +96,34 @@ def test_prefill_window_also_limits_the_unembedding(tiny_models):
         a, b = win[col][start:].fill_null(np.nan).to_numpy(), full[col][start:].fill_null(np.nan).to_numpy()
         assert np.nanmax(abs(a - b)) < 1e-5 and np.isnan(a).sum() == np.isnan(b).sum(), col
     assert win["top_ids"][P - 6:].to_list() == full["top_ids"][P - 6:].to_list()
+
+
+def test_local_capture_takes_rows_from_the_sink_not_the_module(tiny_models, tiny_dirs, monkeypatch):
+    """A local trace on the rows attention takes each layer's rows from the list the attention fills
+    (one nnsight read per layer instead of two); the rows-vs-eager tests above check their values."""
+    import contextlib
+
+    from trajscope.model import handle as handle_mod
+    from trajscope.model.attention import collect_rows
+
+    taken: list[int] = []
+
+    class Counting(list):
+        def __getitem__(self, i):
+            taken.append(i)
+            return super().__getitem__(i)
+
+    @contextlib.contextmanager
+    def counting_rows(hf_config):
+        with collect_rows(hf_config) as sink:
+            hf_config._trajscope_row_sink = Counting()
+            yield hf_config._trajscope_row_sink
+
+    monkeypatch.setattr(handle_mod, "collect_rows", counting_rows)
+    model = tiny_models["llama"]
+    ts.capture(model, PROMPT, max_new_tokens=4, stop_at_eos=False)
+    assert taken == list(range(model.n_layers)) * 4  # every layer, every step, in order
+    taken.clear()
+    remote = ts.load_model(str(tiny_dirs["llama"]), remote="local")
+    ts.capture(remote, PROMPT, max_new_tokens=2, stop_at_eos=False)
+    assert taken == []  # a serialised trace reads the attention modules

@@ -23,6 +23,13 @@ output itself is computed from the same probabilities (``probs · V``, as eager
 attention does) instead of by a second pass of SDPA over the keys: at one query
 SDPA's CPU kernel is this same math, and the output agrees with it to float
 rounding (about 1e-7 relative in float32; tests hold it to the eager reference).
+
+Within :func:`collect_rows` (a local generation trace), every call also appends
+its rows to a list, in call order (layer 0 … L − 1 at each step), so the trace
+takes a layer's rows from there once it has read the layer's block output,
+instead of reading the attention module's output too: one nnsight read per
+layer instead of two (``docs/capture_overhead.md``). NDIF and ``remote="local"``
+runs serialise the trace, so they keep the module reads.
 """
 
 from __future__ import annotations
@@ -57,6 +64,19 @@ def prefill_rows(hf_config: Any, n: int | None) -> Iterator[None]:
         yield
     finally:
         hf_config._trajscope_prefill_rows = old
+
+
+@contextlib.contextmanager
+def collect_rows(hf_config: Any) -> Iterator[list]:
+    """Within the body, each ``"trajscope_rows"`` call appends its rows (``[b, H, n, k]``) to the yielded
+    list, in call order; restored on exit."""
+    old = getattr(hf_config, "_trajscope_row_sink", None)
+    sink: list = []
+    hf_config._trajscope_row_sink = sink
+    try:
+        yield sink
+    finally:
+        hf_config._trajscope_row_sink = old
 
 
 def attention_rows(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float,
@@ -105,15 +125,18 @@ def rows_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     q_len, k_len = query.shape[2], key.shape[2]
     per_head = attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[1] > 1
+    sink = getattr(module.config, "_trajscope_row_sink", None)
     if q_len == 1 or per_head:  # the output from the row itself: one pass over the keys, not two
-        probs = attention_rows(query, key, attention_mask, scaling, k_len - q_len)
+        rows = attention_rows(query, key, attention_mask, scaling, k_len - q_len)
         v = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1) if value.shape[1] != query.shape[1] else value
-        out = torch.matmul(probs.to(value.dtype), v).transpose(1, 2).contiguous()
-        return out, probs
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                    **kwargs)
-    want = getattr(module.config, "_trajscope_prefill_rows", DEFAULT_PREFILL_ROWS)
-    n = q_len if (q_len == 1 or want is None) else max(1, min(q_len, int(want)))
-    mask = None if attention_mask is None else attention_mask[:, :, q_len - n:, :]
-    rows = attention_rows(query[:, :, q_len - n:], key, mask, scaling, k_len - n)
+        out = torch.matmul(rows.to(value.dtype), v).transpose(1, 2).contiguous()
+    else:
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                        **kwargs)
+        want = getattr(module.config, "_trajscope_prefill_rows", DEFAULT_PREFILL_ROWS)
+        n = q_len if want is None else max(1, min(q_len, int(want)))
+        mask = None if attention_mask is None else attention_mask[:, :, q_len - n:, :]
+        rows = attention_rows(query[:, :, q_len - n:], key, mask, scaling, k_len - n)
+    if sink is not None:
+        sink.append(rows)
     return out, rows

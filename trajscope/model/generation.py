@@ -31,7 +31,8 @@ from trajscope.model.families import hidden, with_hidden
 
 def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Callable, step_opts: tuple,
                    steer: Sequence[Sequence[tuple]], max_new_tokens: int,
-                   kernels: Any = None, layer_fn: Callable | None = None) -> tuple[list[int], list, Any]:
+                   kernels: Any = None, layer_fn: Callable | None = None,
+                   row_sink: list | None = None) -> tuple[list[int], list, Any]:
     """Run the generation trace.
 
     Args:
@@ -51,6 +52,9 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
             step_opts)`` is called as each layer is read; its return value replaces that layer's attention
             rows in the list handed to ``step_fn`` and the layer's residual entry is None
             (:func:`trajscope.capture.kernels.prefill_layer`). None: the raw reads are handed on.
+        row_sink: a local run on the rows attention: the list :func:`trajscope.model.attention.collect_rows`
+            fills; each layer's rows are taken from it (and it is emptied after each step) instead of
+            being read from the attention module. None: read from the module (eager, NDIF).
     Returns:
         ``(final_ids, records, last_lp)``: all token ids (prompt + generated), the records, and
         ``step_fn``'s last return value (the ``[vocab]`` log-probabilities that produced the last token).
@@ -84,8 +88,9 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
                 steps = torch.full((consumed.shape[0],), step)
                 reduce = step == 0 and layer_fn is not None
                 for layer in range(n_layers):
-                    rows = attns[layer].output[1][0]
+                    rows = attns[layer].output[1][0] if row_sink is None else None
                     out = blocks[layer].output
+                    rows = rows if row_sink is None else row_sink[layer][0]
                     new = steer_kernel.steer_hidden(hidden(out), steer[layer], steps) if steer[layer] else None
                     if new is not None:
                         blocks[layer].output = with_hidden(out, new)
@@ -95,6 +100,8 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
                 logits = unembed.output[0]
                 prev_lp = step_fn(step, P, consumed, attn_rows, resid, logits, prev_lp, step_opts, saved_records)
                 saved_state["final"] = prev_lp
+                if row_sink is not None:
+                    row_sink.clear()
         with tracer.invoke():
             out_ids = tracer.result.save()
     final_ids = [int(i) for i in out_ids[0].tolist()]

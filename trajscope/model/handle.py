@@ -23,7 +23,7 @@ import torch
 from trajscope.errors import TrajscopeError
 from trajscope.model import batch as bt
 from trajscope.model import forward as fw
-from trajscope.model.attention import prefill_rows
+from trajscope.model.attention import collect_rows, prefill_rows
 from trajscope.model.families import Family, get_path
 from trajscope.model.generation import run_generation
 from trajscope.model.forward import ForwardResult
@@ -186,13 +186,21 @@ class ModelHandle:
         if self.attn_impl == "sdpa":
             raise TrajscopeError("This model was loaded with attn='sdpa', which exposes no attention rows; "
                                  "load it with attn='rows' (the default) or 'eager' to capture.")
-        with self.lock, self._prefill_rows(prefill_rows):
-            return run_generation(self, ids, gen_kwargs, step_fn, step_opts, steer, max_new_tokens, kernels, layer_fn)
+        with self.lock, self._prefill_rows(prefill_rows), self._row_sink() as sink:
+            return run_generation(self, ids, gen_kwargs, step_fn, step_opts, steer, max_new_tokens, kernels, layer_fn,
+                                  sink)
 
     def _prefill_rows(self, n: int | None):
         if self.attn_impl != "rows" or self.remote is True:
             return contextlib.nullcontext()
         return prefill_rows(self.nn._module.config, n)
+
+    def _row_sink(self):
+        """A local trace on the rows attention takes each layer's rows from a list (attention.collect_rows);
+        remote traces are serialised, and eager attention has no rows of its own: they read the module."""
+        if self.attn_impl != "rows" or self.remote:
+            return contextlib.nullcontext()
+        return collect_rows(self.nn._module.config)
 
     def forward(self, token_ids: Sequence[int], *, prompt_len: int | None = None, steering: Sequence[Any] = (),
                 layers: Sequence[int] = (), splice: tuple[int, Callable] | None = None,
