@@ -39,7 +39,8 @@ included. With the threshold fixed, each tensor of 1 MiB or more is mapped and u
 and the peak measures what the run keeps alive (repeatable to a few MiB). Writes
 ``benchmarks/results/capture_overhead.json``.
 
-Run by hand: ``python benchmarks/capture_overhead.py [--reps 3] [--short-reps 15] [--quick] [--device cuda]``.
+Run by hand: ``python benchmarks/capture_overhead.py [--reps 3] [--short-reps 15] [--quick] [--device cuda]
+[--only short|long]``.
 Targets (issue 16): capture ≤ 1.10× default generate at P = 1,024 and 2,048; ≤ 1.05× on the
 124M model at short context; ≤ 1.3× on the sample model; peak memory at P = 2,048 ≤ 1.2×.
 """
@@ -250,6 +251,8 @@ def main() -> None:
                     help="rounds for the two short-context cases (default: --reps); more rounds narrow their intervals")
     ap.add_argument("--quick", action="store_true", help="fewer tokens, P = 512 only (smoke run)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--only", choices=("short", "long"), default=None,
+                    help="run only the short- or long-context cases (written to capture_overhead_<only>.json)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     ap.add_argument("--memory-reps", type=int, default=3, help="fresh processes per variant for peak memory (median)")
     args = ap.parse_args()
@@ -263,7 +266,7 @@ def main() -> None:
         tmp = pathlib.Path(tmp)
         cases = [("sample (5.7M)", "sample", 32 if args.quick else 128),
                  ("gpt2-small random (124M)", str(gpt2_small_dir(tmp)), 16 if args.quick else 64)]
-        for label, path, n in cases:
+        for label, path, n in cases if args.only != "long" else []:
             models = load_models(path, dev)
             ids = models["rows"].encode(PROMPT)
             reps = args.short_reps or args.reps
@@ -272,8 +275,8 @@ def main() -> None:
             report(label, n, reps, res)
             del models
         long_path = str(gpt2_small_dir(tmp, 2112))
-        models = load_models(long_path, dev)
-        for P in ((512,) if args.quick else LONG):
+        models = load_models(long_path, dev) if args.only != "short" else {}
+        for P in ((512,) if args.quick else LONG) if args.only != "short" else ():
             ids = long_ids(models["rows"], P)
             variants = ("generate", "generate(eager)", "capture", "capture(eager)")
             res = bench(models, ids, 16, args.reps, variants)
@@ -299,7 +302,7 @@ def main() -> None:
                         f"{v} {res[v][prefix + 'peak_rss_mib']:.0f} ({res[v][prefix + 'memory_ratio']:.2f}×; "
                         f"+{res[v][prefix + 'run_extra_mib']:.0f})" for v in variants))
     RESULTS.mkdir(exist_ok=True)
-    suffix = "" if dev == "cpu" else "_" + dev.replace(":", "")
+    suffix = ("" if dev == "cpu" else "_" + dev.replace(":", "")) + (f"_{args.only}" if args.only else "")
     (RESULTS / f"capture_overhead{suffix}.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"\nwritten to {RESULTS / f'capture_overhead{suffix}.json'}", file=sys.stderr)
 

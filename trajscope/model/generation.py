@@ -88,6 +88,7 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
                 steps = torch.full((consumed.shape[0],), step)
                 reduce = step == 0 and layer_fn is not None
                 for layer in range(n_layers):
+                    # module reads in execution order: the attention's before its block's (or from row_sink after)
                     rows = attns[layer].output[1][0] if row_sink is None else None
                     out = blocks[layer].output
                     rows = rows if row_sink is None else row_sink[layer][0]
