@@ -75,8 +75,10 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
     unembed = model.unembed()
     streamer = model.nn.generator.streamer
     prompt = torch.tensor([list(ids)])
-    # Keep every statement inside the trace on one line: nnsight's remote path maps
-    # the body's line numbers back to the file, and a continued line shifts them.
+    # Keep every statement inside the trace on one line, and no comment lines inside it: nnsight's
+    # remote path maps the body's line numbers back to the file, and either shifts them.
+    # Modules are read in execution order: a layer's attention before its block (or, with row_sink,
+    # its rows taken from the list after the block).
     with model.nn.generate(**gen_kwargs) as tracer:
         saved_records = nnsight.save(records)
         saved_state = nnsight.save(state)
@@ -88,7 +90,6 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
                 steps = torch.full((consumed.shape[0],), step)
                 reduce = step == 0 and layer_fn is not None
                 for layer in range(n_layers):
-                    # module reads in execution order: the attention's before its block's (or from row_sink after)
                     rows = attns[layer].output[1][0] if row_sink is None else None
                     out = blocks[layer].output
                     rows = rows if row_sink is None else row_sink[layer][0]
