@@ -54,6 +54,7 @@ def test_prefill_reduced_as_read_equals_the_raw_reads(tiny_models, window_model,
 
     assert prefill_norms(plain) != pytest.approx(prefill_norms(reduced), abs=1e-3)
 
+
 def test_prefill_keeps_only_the_kept_layers_block_outputs(tiny_models, monkeypatch):
     model = tiny_models["gpt2"]
     alive_at_logits: list[int] = []

@@ -115,7 +115,7 @@ def test_local_capture_takes_rows_from_the_sink_not_the_module(tiny_models, tiny
 
     @contextlib.contextmanager
     def counting_rows(hf_config):
-        with collect_rows(hf_config) as sink:
+        with collect_rows(hf_config):  # restores the config's attribute on exit
             hf_config._trajscope_row_sink = Counting()
             yield hf_config._trajscope_row_sink
 

@@ -115,9 +115,7 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
     first_pos = 0 if step == 0 else P + step - 1
     q = consumed.shape[0]
     if step > 0:  # one decode query: the chunk kernel, on a chunk of one step
-        n_keys = first_pos + q  # keys 0..last query; a sliding-window cache holds only the newest ones
-        attn_rows = [a if a.shape[-1] == n_keys else torch.nn.functional.pad(a, (n_keys - a.shape[-1], 0))
-                     for a in attn_rows]
+        attn_rows = [all_keys(a, first_pos + q) for a in attn_rows]
         records, last_lp = decode_records(step, P, consumed, torch.stack(attn_rows), torch.stack(resid), logits,
                                           prev_lp, opts)
         return {**records[0], "last_lp": last_lp}
@@ -145,6 +143,12 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
     }
 
 
+def all_keys(a: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """Rows ``[..., k]`` over the newest ``k ≤ n_keys`` keys (a sliding-window cache holds only those),
+    zero-padded on the left to all ``n_keys`` keys ``0 … n_keys − 1``."""
+    return a if a.shape[-1] == n_keys else torch.nn.functional.pad(a, (n_keys - a.shape[-1], 0))
+
+
 def prefill_layer(layer, P, a, r, opts) -> dict:
     """One layer's prefill reads reduced to what the prefill record keeps of them.
 
@@ -163,8 +167,7 @@ def prefill_layer(layer, P, a, r, opts) -> dict:
         the layer's residual is kept or encoded by the SAE, the rows when the layer's rows are kept.
     """
     res_layers, row_layers, top_k_keys, _, _, sae = opts
-    if a.shape[-1] != P:
-        a = torch.nn.functional.pad(a, (P - a.shape[-1], 0))
+    a = all_keys(a, P)
     first = P - a.shape[-2]
     s = attention_stats(a, P, first, top_k_keys)
     keep_r = layer in res_layers or (sae is not None and sae[0] == layer)

@@ -92,7 +92,8 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
                 for layer in range(n_layers):
                     rows = attns[layer].output[1][0] if row_sink is None else None
                     out = blocks[layer].output
-                    rows = rows if row_sink is None else row_sink[layer][0]
+                    if row_sink is not None:
+                        rows = row_sink[layer][0]
                     new = steer_kernel.steer_hidden(hidden(out), steer[layer], steps) if steer[layer] else None
                     if new is not None:
                         blocks[layer].output = with_hidden(out, new)
