@@ -10,6 +10,9 @@ same work elsewhere in the round: ``capture`` 1.10× while ``capture+resid``, a 
   the envoys nnsight installs on a loaded model's modules (those alone cost ~1% per step:
   ``docs/capture_overhead.md``) — the baseline of every ratio;
 - ``generate(eager)``: the same with eager attention, reported beside it;
+- ``trace(empty)``: an nnsight ``generate`` trace with an empty body on the capture's model (the
+  rows attention, nnsight's envoys on every module): the floor under any capture that runs inside
+  one nnsight trace, as DESIGN.md's one engine does;
 - ``capture``: :func:`trajscope.capture` with telemetry only (tokens, attention and
   activations tables for every layer), on the default ``attn="rows"`` model (SDPA
   forward, attention rows from q and K: every decode row, the last 32 prefill rows);
@@ -29,7 +32,7 @@ parameters, built from a config, never downloaded) at short context, and the
 124M model at long context (P = 1,024 and 2,048 prompt tokens, 16 new tokens;
 its position table is widened to 2,112 so both fit). Prints tokens/s and the
 ratio of each variant's median time to ``generate``'s, and for the long-context
-cases the peak resident memory of one run of each variant in a fresh process
+case at the longest prompt the peak resident memory of one run of each variant in a fresh process
 (median of --memory-reps processes each), as a ratio to ``generate``'s, twice: with glibc's
 default allocator settings, and with its mmap threshold fixed at 1 MiB for every variant alike
 (``MALLOC_MMAP_THRESHOLD_``). By default glibc raises that threshold as large blocks are freed, so
@@ -122,11 +125,25 @@ def hf_generate(entry: tuple, ids: list[int], n: int) -> list[int]:
                        top_p=None, top_k=None, eos_token_id=[], pad_token_id=tok.pad_token_id)[0].tolist()
 
 
+def empty_trace(model: ts.ModelHandle, ids: list[int], n: int) -> list[int]:
+    """An nnsight ``generate`` trace that reads nothing, on the capture's model and settings: the floor
+    under any capture that runs inside one nnsight trace."""
+    with model.nn.generate(max_new_tokens=n, do_sample=False, eos_token_id=[],
+                           pad_token_id=model.tokenizer.pad_token_id) as tracer:
+        with tracer.invoke(torch.tensor([ids])):
+            pass
+        with tracer.invoke():
+            out = tracer.result.save()
+    return out[0].tolist()
+
+
 def run_variant(models: dict, variant: str, n: int, ids: list[int], extra: dict) -> float:
     t0 = time.perf_counter()
     if variant.startswith("generate"):
         out = hf_generate(models["hf-eager" if "eager" in variant else "hf-sdpa"], ids, n)
         assert len(out) == len(ids) + n
+    elif variant == "trace(empty)":
+        assert len(empty_trace(models["rows"], ids, n)) == len(ids) + n
     else:
         kw = {"capture+resid": {"residual_layers": "all"}, "capture+probe": {"probe": extra.get("probe")},
               "capture+sae": {"sae": extra.get("sae")}}.get(variant, {})
@@ -254,14 +271,14 @@ def main() -> None:
     ap.add_argument("--only", choices=("short", "long"), default=None,
                     help="run only the short- or long-context cases (written to capture_overhead_<only>.json)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    ap.add_argument("--memory-reps", type=int, default=3, help="fresh processes per variant for peak memory (median)")
+    ap.add_argument("--memory-reps", type=int, default=5, help="fresh processes per variant for peak memory (median)")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     dev = args.device
     name = torch.cuda.get_device_name(0) if dev.startswith("cuda") else f"{platform.machine()}, {os.cpu_count()} CPUs"
     out: dict = {"machine": f"{name}, torch {torch.__version__}, {torch.get_num_threads()} threads",
                  "device": dev, "date": time.strftime("%Y-%m-%d %H:%M")}
-    short = ("generate", "generate(eager)", "capture", "capture(eager)", "capture+resid", "capture+probe", "capture+sae")
+    short = ("generate", "generate(eager)", "trace(empty)", "capture", "capture(eager)", "capture+resid", "capture+probe", "capture+sae")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         cases = [("sample (5.7M)", "sample", 32 if args.quick else 128),
@@ -276,12 +293,14 @@ def main() -> None:
             del models
         long_path = str(gpt2_small_dir(tmp, 2112))
         models = load_models(long_path, dev) if args.only != "short" else {}
-        for P in ((512,) if args.quick else LONG) if args.only != "short" else ():
+        lengths = ((512,) if args.quick else LONG) if args.only != "short" else ()
+        for P in lengths:
+            memory = not args.no_memory and P == max(lengths)  # the target is at the longest prompt
             ids = long_ids(models["rows"], P)
-            variants = ("generate", "generate(eager)", "capture", "capture(eager)")
+            variants = ("generate", "generate(eager)", "trace(empty)", "capture", "capture(eager)")
             res = bench(models, ids, 16, args.reps, variants)
             label = f"gpt2-small random (124M), P = {P}"
-            if not args.no_memory:
+            if memory:
                 for prefix, env in (("", None), ("fixed_mmap_", FIXED_MMAP)):
                     runs = {v: [] for v in variants}
                     for _ in range(args.memory_reps):  # fresh processes, interleaved
@@ -296,7 +315,7 @@ def main() -> None:
                                        f"{prefix}run_extra_ratio": mem[v][1] / max(mem["generate"][1], 1e-9)})
             out[label] = {"new_tokens": 16, "prompt_tokens": P, "reps": args.reps, **res}
             report(label, 16, args.reps, res)
-            if not args.no_memory:
+            if memory:
                 for prefix, what in (("", "glibc defaults"), ("fixed_mmap_", "mmap threshold fixed at 1 MiB")):
                     print(f"  peak RSS during the run, {what}, MiB (× generate; the run's own growth in MiB): " + ", ".join(
                         f"{v} {res[v][prefix + 'peak_rss_mib']:.0f} ({res[v][prefix + 'memory_ratio']:.2f}×; "

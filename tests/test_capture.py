@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
+from polars.testing import assert_frame_equal
 
 import trajscope as ts
 from trajscope.capture import chunks
@@ -189,7 +190,9 @@ def test_remote_local_round_trip_matches_local(tiny_dirs):
     b = ts.capture(remote, PROMPT, max_new_tokens=6, stop_at_eos=False, residual_layers=[1], on_step=events.append)
     assert a.token_ids == b.token_ids
     torch.testing.assert_close(a.residual(1), b.residual(1))
-    assert a.attention.drop("run_id").equals(b.attention.drop("run_id"))
+    # locally a chunk's decode rows come from one product over the keys, remotely each row from its own
+    # forward: the same math, summed in another order
+    assert_frame_equal(a.attention.drop("run_id"), b.attention.drop("run_id"), check_exact=False, abs_tol=1e-6)
     assert [e.step for e in events] == list(range(6))
     assert b.meta["model"]["remote"] == "local"
 

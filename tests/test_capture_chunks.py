@@ -15,6 +15,7 @@ import torch
 
 import trajscope as ts
 from trajscope.capture import chunks, kernels
+from trajscope.model.attention import QueryRow
 from trajscope.profile import profile_from_residuals
 from trajscope.sae.model import SAE, SAEConfig
 from tiny import build_tiny_model
@@ -25,10 +26,12 @@ capture_mod = __import__("sys").modules["trajscope.capture"]
 
 
 class PerStep(chunks.StepChunks):
-    """Every step through the per-step kernel, as an NDIF capture reduces it."""
+    """Every step through the per-step kernel, as an NDIF capture reduces it (a decode query left for its
+    chunk gets its row computed alone, over the keys it saw)."""
 
     def __call__(self, step, P, consumed, attn_rows, resid, logits, prev_lp, opts, out):
         self.out = out
+        attn_rows = [r.rows() if isinstance(r, QueryRow) else r for r in attn_rows]
         n = len(out)
         self.last_lp = kernels.record_step(step, P, consumed, attn_rows, resid, logits, prev_lp, opts, out)
         if self.emit is not None:

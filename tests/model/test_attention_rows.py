@@ -99,31 +99,67 @@ def test_prefill_window_also_limits_the_unembedding(tiny_models):
 
 
 def test_local_capture_takes_rows_from_the_sink_not_the_module(tiny_models, tiny_dirs, monkeypatch):
-    """A local trace on the rows attention takes each layer's rows from the list the attention fills
-    (one nnsight read per layer instead of two); the rows-vs-eager tests above check their values."""
-    import contextlib
+    """A local trace on the rows attention takes each layer's rows from the sink the attention fills
+    (one nnsight read per layer instead of two): the prefill's as rows, each decode step's as the query,
+    whose row is computed with its chunk's; the rows-vs-eager tests above check their values."""
+    from trajscope.model.attention import RowSink
 
-    from trajscope.model import handle as handle_mod
-    from trajscope.model.attention import collect_rows
+    taken: list[tuple[int, str]] = []
+    take = RowSink.take
 
-    taken: list[int] = []
+    def counting_take(self, layer, now=False):
+        entry = take(self, layer, now)
+        taken.append((layer, type(entry).__name__))
+        return entry
 
-    class Counting(list):
-        def __getitem__(self, i):
-            taken.append(i)
-            return super().__getitem__(i)
-
-    @contextlib.contextmanager
-    def counting_rows(hf_config):
-        with collect_rows(hf_config):  # restores the config's attribute on exit
-            hf_config._trajscope_row_sink = Counting()
-            yield hf_config._trajscope_row_sink
-
-    monkeypatch.setattr(handle_mod, "collect_rows", counting_rows)
+    monkeypatch.setattr(RowSink, "take", counting_take)
     model = tiny_models["llama"]
     ts.capture(model, PROMPT, max_new_tokens=4, stop_at_eos=False)
-    assert taken == list(range(model.n_layers)) * 4  # every layer, every step, in order
+    L = model.n_layers
+    assert [layer for layer, _ in taken] == list(range(L)) * 4  # every layer, every step, in order
+    assert [kind for _, kind in taken] == ["Tensor"] * L + ["QueryRow"] * (3 * L)
     taken.clear()
     remote = ts.load_model(str(tiny_dirs["llama"]), remote="local")
     ts.capture(remote, PROMPT, max_new_tokens=2, stop_at_eos=False)
     assert taken == []  # a serialised trace reads the attention modules
+
+
+def test_a_sliding_window_keeps_its_decode_rows_in_the_forward(extra_models, monkeypatch):
+    """A sliding-window cache drops old keys, so its decode rows cannot wait for the chunk's keys."""
+    from trajscope.model.attention import RowSink
+
+    kinds: list[str] = []
+    take = RowSink.take
+
+    def counting_take(self, layer, now=False):
+        entry = take(self, layer, now)
+        kinds.append(type(entry).__name__)
+        return entry
+
+    monkeypatch.setattr(RowSink, "take", counting_take)
+    ts.capture(extra_models["mistral-window-6"], PROMPT, max_new_tokens=3, stop_at_eos=False)
+    assert kinds and set(kinds) == {"Tensor"}
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)])
+def test_chunk_rows_equal_each_step_computed_alone(heads):
+    """The rows of a chunk of decode steps, from one product over the newest keys, equal each step's row
+    computed alone over the keys it saw (attention_rows, the forward's path; checked against eager above)."""
+    from trajscope.model.attention import QueryRow, RowSink, attention_rows, chunk_rows
+
+    H, Hkv = heads
+    torch.manual_seed(0)
+    keys = torch.randn(1, Hkv, 20, 8)
+    sink, entries, alone = RowSink(), [], []
+    for n_keys in (14, 15, 16, 17):  # four decode steps, the newest sees 17 keys
+        q = torch.randn(1, H, 1, 8)
+        sink.keys = [keys[:, :, :n_keys]]
+        entries.append(QueryRow(sink, 0, q[0], n_keys, 0.3))
+        alone.append(attention_rows(q, keys[:, :, :n_keys], None, 0.3, n_keys - 1)[0])
+    rows = chunk_rows(entries, 18)
+    assert rows.shape == (H, 4, 18)
+    for c, a in enumerate(alone):
+        n = a.shape[-1]
+        torch.testing.assert_close(rows[:, c:c + 1, :n], a, atol=1e-6, rtol=1e-5)
+        assert not rows[:, c, n:].any()
+    torch.testing.assert_close(entries[1].rows(), alone[1])

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from trajscope.capture import kernels
+from trajscope.model.attention import QueryRow, chunk_rows
 
 MAX_CHUNK = 32
 BUDGET_BYTES = 2 * 2**20  # the stacked [L, H, C, K] float32 attention rows of one chunk
@@ -89,11 +90,16 @@ class StepChunks:
         s0 = chunk[0][0]
         L, H = len(chunk[0][2]), chunk[0][2][0].shape[0]
         K = self.P + chunk[-1][0]  # keys of the last step: 0 … P + s − 1
-        rows = torch.zeros((L, H, len(chunk), K), dtype=torch.float32, device=chunk[0][2][0].device)
-        for c, (step, _, attn_rows, _, _) in enumerate(chunk):
-            n_keys = self.P + step  # a sliding-window cache holds only the newest of them
-            a = torch.stack(attn_rows)[:, :, 0]
-            rows[:, :, c, n_keys - a.shape[-1]:n_keys] = a
+        rows = torch.zeros((L, H, len(chunk), K), dtype=torch.float32, device=chunk[-1][4].device)
+        for layer in range(L):
+            entries = [c[2][layer] for c in chunk]
+            if all(isinstance(e, QueryRow) for e in entries):
+                rows[layer] = chunk_rows(entries, K)  # one product for the chunk (attention.RowSink)
+                continue
+            for c, (step, e) in enumerate(zip((c[0] for c in chunk), entries)):
+                a = e.rows() if isinstance(e, QueryRow) else e
+                n_keys = self.P + step  # a sliding-window cache holds only the newest of them
+                rows[layer, :, c, n_keys - a.shape[-1]:n_keys] = a[:, 0]
         resid = torch.cat([r for _, _, _, res, _ in chunk for r in res]).view(len(chunk), L, -1).transpose(0, 1)
         ids = torch.cat([c[1] for c in chunk])
         logits = torch.cat([c[4] for c in chunk])

@@ -14,9 +14,10 @@ beside it, the attention probabilities of only the query rows trajscope reads:
 
 A row is ``softmax(q · Kᵀ · scaling + mask)`` over the keys the query sees, in
 float32, from the post-RoPE query and the cached post-RoPE keys the module hands
-the kernel (so RoPE, GQA/MQA head sharing (keys repeated per query head) and the
-model's own mask — causal, sliding window, padding — are all accounted for). The
-rows are returned where eager attention returns its weights, as
+the kernel (so RoPE, GQA/MQA head sharing and the model's own mask — causal,
+sliding window, padding — are all accounted for). Query heads that share a key
+head are multiplied against it as one group of rows, so the keys (and values)
+are never repeated per query head. The rows are returned where eager attention returns its weights, as
 ``[batch, heads, rows, keys]``: the generation trace reads them unchanged. At a
 decode step, and with an explicit per-head mask (the key-mask forward), the
 output itself is computed from the same probabilities (``probs · V``, as eager
@@ -67,11 +68,11 @@ def prefill_rows(hf_config: Any, n: int | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def collect_rows(hf_config: Any) -> Iterator[list]:
-    """Within the body, each ``"trajscope_rows"`` call appends its rows (``[b, H, n, k]``) to the yielded
-    list, in call order; restored on exit."""
+def collect_rows(hf_config: Any) -> Iterator["RowSink"]:
+    """Within the body, every ``"trajscope_rows"`` call leaves its rows (or, at a decode step that can
+    wait, its query) in the yielded :class:`RowSink`, in call order; restored on exit."""
     old = getattr(hf_config, "_trajscope_row_sink", None)
-    sink: list = []
+    sink = RowSink()
     hf_config._trajscope_row_sink = sink
     try:
         yield sink
@@ -79,41 +80,144 @@ def collect_rows(hf_config: Any) -> Iterator[list]:
         hf_config._trajscope_row_sink = old
 
 
+class RowSink:
+    """What a local generation trace takes from the rows attention: one entry per call, in call order
+    (layer 0 … L − 1 at each step), emptied by the trace after each step (:meth:`clear`).
+
+    An entry is the call's rows, ``[H, n, k]`` float32, or — at a decode step of a layer whose query sees
+    every cached key (no mask, no sliding window) — a :class:`QueryRow`: the forward then kept SDPA for its
+    output and left only the query, and the rows of a whole chunk of steps are computed at once from those
+    queries and the layer's latest keys (:func:`chunk_rows`). The cache only appends keys, so the latest
+    keys hold every earlier step's keys as a prefix. The sink keeps a reference to each layer's latest keys
+    (the cache's own tensor, replaced at the next step), not a copy.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.keys: list[torch.Tensor] = []
+
+    def add(self, rows: torch.Tensor) -> None:
+        """Keep a call's rows, ``[b, H, n, k]`` (batch 0 is kept)."""
+        self.calls.append(rows[0])
+
+    def defer(self, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
+        """Keep a decode call's query ``[b, H, 1, d]`` and its layer's keys ``[b, H_kv, k, d]`` (batch 0)."""
+        layer = len(self.calls)
+        if layer < len(self.keys):
+            self.keys[layer] = key
+        else:
+            self.keys.append(key)
+        self.calls.append(QueryRow(self, layer, query[0], key.shape[2], scaling))
+
+    def take(self, layer: int, now: bool = False) -> Any:
+        """This step's entry for ``layer``: ``[H, n, k]`` rows or a :class:`QueryRow` (its rows when ``now``)."""
+        entry = self.calls[layer]
+        return entry.rows() if now and isinstance(entry, QueryRow) else entry
+
+    def clear(self) -> None:
+        self.calls.clear()
+
+
+class QueryRow:
+    """A decode step's query at one layer, whose attention row is computed later (:func:`chunk_rows`).
+
+    ``shape`` is the row's, ``(H, 1, n_keys)``: the step's query sees keys ``0 … n_keys − 1``.
+    """
+
+    __slots__ = ("sink", "layer", "query", "n_keys", "scaling")
+
+    def __init__(self, sink: RowSink, layer: int, query: torch.Tensor, n_keys: int, scaling: float) -> None:
+        self.sink, self.layer, self.query, self.n_keys, self.scaling = sink, layer, query, n_keys, scaling
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.query.shape[0], 1, self.n_keys)
+
+    def rows(self) -> torch.Tensor:
+        """``[H, 1, n_keys]`` float32."""
+        return chunk_rows([self], self.n_keys)
+
+
+def chunk_rows(entries: list[QueryRow], n_keys: int) -> torch.Tensor:
+    """One layer's attention rows for a chunk of decode steps, in one product over the keys.
+
+    Args:
+        entries: the layer's :class:`QueryRow` of C consecutive steps, oldest first.
+        n_keys: K, the columns of the result (at least the newest entry's ``n_keys``).
+    Returns:
+        ``[H, C, K]`` float32: row c is ``softmax(q_c · Kᵀ · scaling)`` over keys ``0 … n_keys_c − 1``,
+        and exactly 0 beyond them.
+    """
+    first = entries[0]
+    keys = first.sink.keys[first.layer][0]
+    k = max(e.n_keys for e in entries)
+    if keys.shape[1] < k or n_keys < k:
+        raise RuntimeError(f"layer {first.layer}: queries saw {k} keys; {keys.shape[1]} are held, {n_keys} asked")
+    queries = torch.cat([e.query for e in entries], dim=1)
+    H, C, d = queries.shape
+    grouped = _f32(queries).reshape(keys.shape[0], (H // keys.shape[0]) * C, d)
+    scores = torch.baddbmm(queries.new_zeros((), dtype=torch.float32), grouped, _f32(keys[:, :k]).transpose(1, 2),
+                           beta=0, alpha=first.scaling).view(H, C, k)
+    if n_keys > k:
+        scores = torch.nn.functional.pad(scores, (0, n_keys - k), value=float("-inf"))
+    counts = torch.tensor([e.n_keys for e in entries], device=queries.device)
+    if int(counts.min()) < n_keys:
+        scores.masked_fill_(torch.arange(n_keys, device=queries.device)[None, :] >= counts[:, None], float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
 def attention_rows(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float,
                    q_offset: int, chunk: int = CHUNK) -> torch.Tensor:
     """Attention probabilities of chosen query rows, in float32.
 
+    Query heads that share a key head (GQA/MQA) are multiplied against it together, as one group of rows,
+    so the keys are never repeated per query head; the scale is applied inside the product.
+
     Args:
         query: ``[b, H, n, d]`` the chosen (post-RoPE) query rows.
-        key: ``[b, H_kv, k, d]`` all keys; query heads share key heads in groups of ``H / H_kv``.
+        key: ``[b, H_kv, k, d]`` all keys; query head h uses key head ``h // (H / H_kv)``.
         mask: None (plain causal), or the model's mask for these rows, ``[b, 1 or H, n, k]``: boolean
             (True = visible) or additive float.
         scaling: the score scale (usually ``d ** −0.5``).
         q_offset: the key index of the first chosen row (row r sees keys ``≤ q_offset + r`` when causal).
         chunk: rows per matmul.
     Returns:
-        ``[b, H, n, k]`` float32; each row sums to 1 over its visible keys.
+        ``[b, H, n, k]`` float32, contiguous; each row sums to 1 over its visible keys.
     """
-    H, Hkv = query.shape[1], key.shape[1]
-    k_f = key.float()
-    if H != Hkv:
-        k_f = k_f.repeat_interleave(H // Hkv, dim=1)
-    n, k = query.shape[2], key.shape[2]
+    b, H, n, d = query.shape
+    Hkv, k = key.shape[1], key.shape[2]
+    keys_t = _f32(key).reshape(b * Hkv, k, d).transpose(1, 2)
+    zero = query.new_zeros((), dtype=torch.float32)
     out = []
     for s in range(0, n, chunk):
-        q = query[:, :, s:s + chunk].float()
-        scores = torch.matmul(q, k_f.transpose(-1, -2)) * scaling
-        if mask is None and q_offset + s + q.shape[2] == k and q.shape[2] == 1:
+        q = query[:, :, s:s + chunk]
+        m = q.shape[2]
+        grouped = _f32(q).reshape(b * Hkv, (H // Hkv) * m, d)
+        scores = torch.baddbmm(zero, grouped, keys_t, beta=0, alpha=scaling).view(b, H, m, k)
+        if mask is None and q_offset + s + m == k and m == 1:
             pass  # the newest query sees every cached key: nothing to hide
         elif mask is None:
-            rows = torch.arange(q_offset + s, q_offset + s + q.shape[2], device=q.device)
+            rows = torch.arange(q_offset + s, q_offset + s + m, device=q.device)
             hide = torch.arange(k, device=q.device)[None, :] > rows[:, None]
             scores = scores.masked_fill(hide, float("-inf"))
         else:
-            m = mask[:, :, s:s + chunk, :k]
-            scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
+            vis = mask[:, :, s:s + chunk, :k]
+            scores = scores.masked_fill(~vis, float("-inf")) if vis.dtype == torch.bool else scores + vis.float()
         out.append(torch.softmax(scores, dim=-1))
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float32 else x.float()
+
+
+def rows_output(rows: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Attention output from the rows: ``[b, H, n, k]`` rows, ``[b, H_kv, k, d]`` values → ``[b, n, H, d]``
+    (the layout attention modules expect back), in the values' dtype; grouped like :func:`attention_rows`."""
+    b, H, n, k = rows.shape
+    Hkv, d = value.shape[1], value.shape[-1]
+    out = torch.bmm(rows.to(value.dtype).view(b * Hkv, (H // Hkv) * n, k), value.reshape(b * Hkv, k, d))
+    return out.view(b, H, n, d).transpose(1, 2).contiguous()
 
 
 def rows_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -126,10 +230,13 @@ def rows_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     q_len, k_len = query.shape[2], key.shape[2]
     per_head = attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[1] > 1
     sink = getattr(module.config, "_trajscope_row_sink", None)
+    if sink is not None and q_len == 1 and attention_mask is None and not _sliding(module, kwargs):
+        out, _ = sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
+        sink.defer(query, key, scaling)  # its row is computed with its chunk's (RowSink)
+        return out, None
     if q_len == 1 or per_head:  # the output from the row itself: one pass over the keys, not two
         rows = attention_rows(query, key, attention_mask, scaling, k_len - q_len)
-        v = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1) if value.shape[1] != query.shape[1] else value
-        out = torch.matmul(rows.to(value.dtype), v).transpose(1, 2).contiguous()
+        out = rows_output(rows, value)
     else:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                         **kwargs)
@@ -138,5 +245,10 @@ def rows_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
         mask = None if attention_mask is None else attention_mask[:, :, q_len - n:, :]
         rows = attention_rows(query[:, :, q_len - n:], key, mask, scaling, k_len - n)
     if sink is not None:
-        sink.append(rows)
+        sink.add(rows)
     return out, rows
+
+
+def _sliding(module: torch.nn.Module, kwargs: dict) -> bool:
+    """Whether this attention call sees a sliding window of keys (its cache drops old ones)."""
+    return kwargs.get("sliding_window") is not None or getattr(module, "sliding_window", None) is not None

@@ -32,7 +32,7 @@ from trajscope.model.families import hidden, with_hidden
 def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Callable, step_opts: tuple,
                    steer: Sequence[Sequence[tuple]], max_new_tokens: int,
                    kernels: Any = None, layer_fn: Callable | None = None,
-                   row_sink: list | None = None) -> tuple[list[int], list, Any]:
+                   row_sink: Any = None) -> tuple[list[int], list, Any]:
     """Run the generation trace.
 
     Args:
@@ -52,9 +52,11 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
             step_opts)`` is called as each layer is read; its return value replaces that layer's attention
             rows in the list handed to ``step_fn`` and the layer's residual entry is None
             (:func:`trajscope.capture.kernels.prefill_layer`). None: the raw reads are handed on.
-        row_sink: a local run on the rows attention: the list :func:`trajscope.model.attention.collect_rows`
-            fills; each layer's rows are taken from it (and it is emptied after each step) instead of
-            being read from the attention module. None: read from the module (eager, NDIF).
+        row_sink: a local run on the rows attention: the :class:`~trajscope.model.attention.RowSink` that
+            :func:`~trajscope.model.attention.collect_rows` fills; each layer's rows are taken from it (and it is
+            emptied after each step) instead of being read from the attention module. A decode step's entry
+            may be a :class:`~trajscope.model.attention.QueryRow`, whose row ``step_fn`` computes with its
+            chunk's; the prefill's are always rows. None: read from the module (eager, NDIF).
     Returns:
         ``(final_ids, records, last_lp)``: all token ids (prompt + generated), the records, and
         ``step_fn``'s last return value (the ``[vocab]`` log-probabilities that produced the last token).
@@ -93,7 +95,7 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
                     rows = attns[layer].output[1][0] if row_sink is None else None
                     out = blocks[layer].output
                     if row_sink is not None:
-                        rows = row_sink[layer][0]
+                        rows = row_sink.take(layer, step == 0)
                     new = steer_kernel.steer_hidden(hidden(out), steer[layer], steps) if steer[layer] else None
                     if new is not None:
                         blocks[layer].output = with_hidden(out, new)
