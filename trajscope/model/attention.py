@@ -17,20 +17,25 @@ float32, from the post-RoPE query and the cached post-RoPE keys the module hands
 the kernel (so RoPE, GQA/MQA head sharing and the model's own mask — causal,
 sliding window, padding — are all accounted for). Query heads that share a key
 head are multiplied against it as one group of rows, so the keys (and values)
-are never repeated per query head. The rows are returned where eager attention returns its weights, as
-``[batch, heads, rows, keys]``: the generation trace reads them unchanged. At a
-decode step, and with an explicit per-head mask (the key-mask forward), the
-output itself is computed from the same probabilities (``probs · V``, as eager
-attention does) instead of by a second pass of SDPA over the keys: at one query
-SDPA's CPU kernel is this same math, and the output agrees with it to float
-rounding (about 1e-7 relative in float32; tests hold it to the eager reference).
+are never repeated per query head. The rows are returned where eager attention
+returns its weights, as ``[batch, heads, rows, keys]``: the generation trace
+reads them unchanged. At a decode step, and with an explicit per-head mask (the
+key-mask forward), the output itself is computed from the same probabilities
+(``probs · V``, as eager attention does) instead of by a second pass of SDPA
+over the keys; it agrees with SDPA to float rounding (about 1e-7 relative in
+float32; tests hold it to the eager reference).
 
-Within :func:`collect_rows` (a local generation trace), every call also appends
-its rows to a list, in call order (layer 0 … L − 1 at each step), so the trace
-takes a layer's rows from there once it has read the layer's block output,
-instead of reading the attention module's output too: one nnsight read per
-layer instead of two (``docs/capture_overhead.md``). NDIF and ``remote="local"``
-runs serialise the trace, so they keep the module reads.
+Within :func:`collect_rows` (a local generation trace), every call also leaves
+its rows in a :class:`RowSink`, in call order (layer 0 … L − 1 at each step), so
+the trace takes a layer's rows from there once it has read the layer's block
+output, instead of reading the attention module's output too: one nnsight read
+per layer instead of two (``docs/capture_overhead.md``). There, a decode call
+whose query sees every cached key (no mask, no sliding window) goes further: it
+computes its output with SDPA alone and leaves only its query; the rows of a
+chunk of decode steps are computed later, per layer, in one product with the
+layer's newest keys (:func:`chunk_rows`), which hold every earlier step's keys
+as a prefix. NDIF and ``remote="local"`` runs serialise the trace, so they keep
+the module reads and the rows in the forward.
 """
 
 from __future__ import annotations
