@@ -96,7 +96,7 @@ class StepChunks:
             if all(isinstance(e, QueryRow) for e in entries):
                 rows[layer] = chunk_rows(entries, K)  # one product for the chunk (attention.RowSink)
                 continue
-            for c, (step, e) in enumerate(zip((c[0] for c in chunk), entries)):
+            for c, ((step, *_), e) in enumerate(zip(chunk, entries)):
                 a = e.rows() if isinstance(e, QueryRow) else e
                 n_keys = self.P + step  # a sliding-window cache holds only the newest of them
                 rows[layer, :, c, n_keys - a.shape[-1]:n_keys] = a[:, 0]

@@ -144,7 +144,10 @@ class QueryRow:
 
 
 def chunk_rows(entries: list[QueryRow], n_keys: int) -> torch.Tensor:
-    """One layer's attention rows for a chunk of decode steps, in one product over the keys.
+    """One layer's attention rows for a chunk of consecutive decode steps, in one product over the keys.
+
+    The steps' queries are the consecutive query rows that :func:`attention_rows` masks causally: step c's
+    query sits at key index ``n_keys_0 − 1 + c``.
 
     Args:
         entries: the layer's :class:`QueryRow` of C consecutive steps, oldest first.
@@ -154,21 +157,14 @@ def chunk_rows(entries: list[QueryRow], n_keys: int) -> torch.Tensor:
         and exactly 0 beyond them.
     """
     first = entries[0]
-    keys = first.sink.keys[first.layer][0]
-    k = max(e.n_keys for e in entries)
-    if keys.shape[1] < k or n_keys < k:
-        raise RuntimeError(f"layer {first.layer}: queries saw {k} keys; {keys.shape[1]} are held, {n_keys} asked")
-    queries = torch.cat([e.query for e in entries], dim=1)
-    H, C, d = queries.shape
-    grouped = _f32(queries).reshape(keys.shape[0], (H // keys.shape[0]) * C, d)
-    scores = torch.baddbmm(queries.new_zeros((), dtype=torch.float32), grouped, _f32(keys[:, :k]).transpose(1, 2),
-                           beta=0, alpha=first.scaling).view(H, C, k)
-    if n_keys > k:
-        scores = torch.nn.functional.pad(scores, (0, n_keys - k), value=float("-inf"))
-    counts = torch.tensor([e.n_keys for e in entries], device=queries.device)
-    if int(counts.min()) < n_keys:
-        scores.masked_fill_(torch.arange(n_keys, device=queries.device)[None, :] >= counts[:, None], float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    keys = first.sink.keys[first.layer]
+    seen = [e.n_keys for e in entries]
+    k = seen[-1]
+    if seen != list(range(first.n_keys, k + 1)) or keys.shape[2] < k or n_keys < k:
+        raise RuntimeError(f"layer {first.layer}: queries saw {seen} keys; {keys.shape[2]} are held, {n_keys} asked")
+    queries = torch.cat([e.query for e in entries], dim=1)[None]
+    rows = attention_rows(queries, keys[:, :, :k], None, first.scaling, first.n_keys - 1)[0]
+    return rows if n_keys == k else torch.nn.functional.pad(rows, (0, n_keys - k))
 
 
 def attention_rows(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float,

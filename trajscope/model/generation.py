@@ -80,7 +80,7 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
     # Keep every statement inside the trace on one line, and no comment lines inside it: nnsight's
     # remote path maps the body's line numbers back to the file, and either shifts them.
     # Modules are read in execution order: a layer's attention before its block (or, with row_sink,
-    # its rows taken from the list after the block).
+    # its rows taken from the sink after the block).
     with model.nn.generate(**gen_kwargs) as tracer:
         saved_records = nnsight.save(records)
         saved_state = nnsight.save(state)

@@ -196,7 +196,7 @@ class ModelHandle:
         return prefill_rows(self.nn._module.config, n)
 
     def _row_sink(self):
-        """A local trace on the rows attention takes each layer's rows from a list (attention.collect_rows);
+        """A local trace on the rows attention takes each layer's rows from a RowSink (attention.collect_rows);
         remote traces are serialised, and eager attention has no rows of its own: they read the module."""
         if self.attn_impl != "rows" or self.remote:
             return contextlib.nullcontext()
