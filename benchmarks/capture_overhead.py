@@ -10,9 +10,14 @@ same work elsewhere in the round: ``capture`` 1.10× while ``capture+resid``, a 
   the envoys nnsight installs on a loaded model's modules (those alone cost ~1% per step:
   ``docs/capture_overhead.md``) — the baseline of every ratio;
 - ``generate(eager)``: the same with eager attention, reported beside it;
-- ``trace(empty)``: an nnsight ``generate`` trace with an empty body on the capture's model (the
-  rows attention, nnsight's envoys on every module): the floor under any capture that runs inside
-  one nnsight trace, as DESIGN.md's one engine does;
+- ``trace(empty)``: an nnsight ``generate`` trace with an empty body on the capture's model, with
+  the capture's forward (the rows attention as a capture runs it: SDPA at decode, each decode query
+  left in a ``RowSink``; nnsight's envoys on every module): the floor under any capture that runs
+  inside one nnsight trace, as DESIGN.md's one engine does;
+- ``trace(reads)``: the capture's own generation trace (``ModelHandle.generation``: the ``tracer.iter``
+  loop reading the streamer, every block's output and the logits at every step, each layer's rows
+  taken from the sink) with a step function that keeps nothing: what the capture's reads cost
+  before any telemetry is computed;
 - ``capture``: :func:`trajscope.capture` with telemetry only (tokens, attention and
   activations tables for every layer), on the default ``attn="rows"`` model (SDPA
   forward, attention rows from q and K: every decode row, the last 32 prefill rows);
@@ -126,15 +131,28 @@ def hf_generate(entry: tuple, ids: list[int], n: int) -> list[int]:
 
 
 def empty_trace(model: ts.ModelHandle, ids: list[int], n: int) -> list[int]:
-    """An nnsight ``generate`` trace that reads nothing, on the capture's model and settings: the floor
-    under any capture that runs inside one nnsight trace."""
-    with model.nn.generate(max_new_tokens=n, do_sample=False, eos_token_id=[],
-                           pad_token_id=model.tokenizer.pad_token_id) as tracer:
-        with tracer.invoke(torch.tensor([ids])):
-            pass
-        with tracer.invoke():
-            out = tracer.result.save()
+    """An nnsight ``generate`` trace that reads nothing, on the capture's model, settings and forward (the
+    decode queries left in a row sink, as in a capture): the floor under any capture that runs inside one
+    nnsight trace."""
+    with model.lock, model._row_sink():
+        with model.nn.generate(max_new_tokens=n, do_sample=False, eos_token_id=[],
+                               pad_token_id=model.tokenizer.pad_token_id) as tracer:
+            with tracer.invoke(torch.tensor([ids])):
+                pass
+            with tracer.invoke():
+                out = tracer.result.save()
     return out[0].tolist()
+
+
+def reads_trace(model: ts.ModelHandle, ids: list[int], n: int) -> list[int]:
+    """The capture's generation trace (every read a capture makes) with a step function that keeps nothing."""
+    def keep_nothing(step, P, consumed, attn_rows, resid, logits, prev_lp, opts, out):
+        return None
+
+    kw = {"max_new_tokens": n, "do_sample": False, "temperature": None, "top_p": None, "top_k": None,
+          "eos_token_id": [], "pad_token_id": model.tokenizer.pad_token_id, "logits_to_keep": 32}
+    final, _, _ = model.generation(ids, kw, keep_nothing, (), [()] * model.n_layers, n, prefill_rows=32)
+    return final
 
 
 def run_variant(models: dict, variant: str, n: int, ids: list[int], extra: dict) -> float:
@@ -144,6 +162,8 @@ def run_variant(models: dict, variant: str, n: int, ids: list[int], extra: dict)
         assert len(out) == len(ids) + n
     elif variant == "trace(empty)":
         assert len(empty_trace(models["rows"], ids, n)) == len(ids) + n
+    elif variant == "trace(reads)":
+        assert len(reads_trace(models["rows"], ids, n)) == len(ids) + n
     else:
         kw = {"capture+resid": {"residual_layers": "all"}, "capture+probe": {"probe": extra.get("probe")},
               "capture+sae": {"sae": extra.get("sae")}}.get(variant, {})
@@ -278,7 +298,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(0) if dev.startswith("cuda") else f"{platform.machine()}, {os.cpu_count()} CPUs"
     out: dict = {"machine": f"{name}, torch {torch.__version__}, {torch.get_num_threads()} threads",
                  "device": dev, "date": time.strftime("%Y-%m-%d %H:%M")}
-    short = ("generate", "generate(eager)", "trace(empty)", "capture", "capture(eager)", "capture+resid", "capture+probe", "capture+sae")
+    short = ("generate", "generate(eager)", "trace(empty)", "trace(reads)", "capture", "capture(eager)", "capture+resid", "capture+probe", "capture+sae")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         cases = [("sample (5.7M)", "sample", 32 if args.quick else 128),
@@ -297,7 +317,7 @@ def main() -> None:
         for P in lengths:
             memory = not args.no_memory and P == max(lengths)  # the target is at the longest prompt
             ids = long_ids(models["rows"], P)
-            variants = ("generate", "generate(eager)", "trace(empty)", "capture", "capture(eager)")
+            variants = ("generate", "generate(eager)", "trace(empty)", "trace(reads)", "capture", "capture(eager)")
             res = bench(models, ids, 16, args.reps, variants)
             label = f"gpt2-small random (124M), P = {P}"
             if memory:
