@@ -16,8 +16,8 @@ same work elsewhere in the round: ``capture`` 1.10× while ``capture+resid``, a 
   inside one nnsight trace, as DESIGN.md's one engine does;
 - ``trace(reads)``: the capture's own generation trace (``ModelHandle.generation``: the ``tracer.iter``
   loop reading the streamer, every block's output and the logits at every step, each layer's rows
-  taken from the sink) with a step function that keeps nothing: what the capture's reads cost
-  before any telemetry is computed;
+  taken from the sink; the prefill's reads dropped layer by layer, as a capture reduces them) with a
+  step function that keeps nothing: what the capture's reads cost before any telemetry is computed;
 - ``capture``: :func:`trajscope.capture` with telemetry only (tokens, attention and
   activations tables for every layer), on the default ``attn="rows"`` model (SDPA
   forward, attention rows from q and K: every decode row, the last 32 prefill rows);
@@ -134,7 +134,18 @@ def empty_trace(model: ts.ModelHandle, ids: list[int], n: int) -> list[int]:
     """An nnsight ``generate`` trace that reads nothing, on the capture's model, settings and forward (the
     decode queries left in a row sink, as in a capture): the floor under any capture that runs inside one
     nnsight trace."""
-    with model.lock, model._row_sink():
+    from trajscope.model.attention import RowSink, collect_rows
+
+    class Discard(RowSink):
+        """A sink that keeps nothing: the trace has no loop to empty it after each step."""
+
+        def add(self, rows):
+            pass
+
+        def defer(self, query, key, scaling):
+            pass
+
+    with model.lock, collect_rows(model.nn._module.config, Discard()):
         with model.nn.generate(max_new_tokens=n, do_sample=False, eos_token_id=[],
                                pad_token_id=model.tokenizer.pad_token_id) as tracer:
             with tracer.invoke(torch.tensor([ids])):
@@ -151,7 +162,12 @@ def reads_trace(model: ts.ModelHandle, ids: list[int], n: int) -> list[int]:
 
     kw = {"max_new_tokens": n, "do_sample": False, "temperature": None, "top_p": None, "top_k": None,
           "eos_token_id": [], "pad_token_id": model.tokenizer.pad_token_id, "logits_to_keep": 32}
-    final, _, _ = model.generation(ids, kw, keep_nothing, (), [()] * model.n_layers, n, prefill_rows=32)
+
+    def drop_layer(layer, P, rows, resid, opts):  # each prefill layer's reads dropped as read (a capture reduces them)
+        return None
+
+    final, _, _ = model.generation(ids, kw, keep_nothing, (), [()] * model.n_layers, n, prefill_rows=32,
+                                   layer_fn=drop_layer)
     return final
 
 

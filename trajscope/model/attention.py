@@ -73,11 +73,12 @@ def prefill_rows(hf_config: Any, n: int | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def collect_rows(hf_config: Any) -> Iterator["RowSink"]:
+def collect_rows(hf_config: Any, sink: "RowSink | None" = None) -> Iterator["RowSink"]:
     """Within the body, every ``"trajscope_rows"`` call leaves its rows (or, at a decode step that can
-    wait, its query) in the yielded :class:`RowSink`, in call order; restored on exit."""
+    wait, its query) in the yielded :class:`RowSink` (``sink``, or a new one), in call order; restored on
+    exit. Whoever holds the sink empties it after each step (:meth:`RowSink.clear`)."""
     old = getattr(hf_config, "_trajscope_row_sink", None)
-    sink = RowSink()
+    sink = RowSink() if sink is None else sink
     hf_config._trajscope_row_sink = sink
     try:
         yield sink
