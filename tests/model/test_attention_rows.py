@@ -124,6 +124,29 @@ def test_local_capture_takes_rows_from_the_sink_not_the_module(tiny_models, tiny
     assert taken == []  # a serialised trace reads the attention modules
 
 
+def test_the_sink_holds_one_step_at_a_time(tiny_models, monkeypatch):
+    """The generation loop empties the sink after each step, so it never holds more than one step's entries
+    and one key tensor per layer (a sink nobody empties keeps every step's keys of every layer)."""
+    from trajscope.model.attention import RowSink, collect_rows
+
+    held: list[tuple[int, int]] = []
+    defer = RowSink.defer
+
+    def watching_defer(self, query, key, scaling):
+        defer(self, query, key, scaling)
+        held.append((len(self.calls), len(self.keys)))
+
+    monkeypatch.setattr(RowSink, "defer", watching_defer)
+    model = tiny_models["gpt2"]
+    ts.capture(model, PROMPT, max_new_tokens=5, stop_at_eos=False)
+    L = model.n_layers
+    assert len(held) == 4 * L and max(c for c, _ in held) == L and max(k for _, k in held) == L
+    config, mine = model.nn._module.config, RowSink()
+    with collect_rows(config, mine) as sink:
+        assert sink is mine and config._trajscope_row_sink is mine
+    assert getattr(config, "_trajscope_row_sink", None) is None
+
+
 def test_a_sliding_window_keeps_its_decode_rows_in_the_forward(extra_models, monkeypatch):
     """A sliding-window cache drops old keys, so its decode rows cannot wait for the chunk's keys."""
     from trajscope.model.attention import RowSink
