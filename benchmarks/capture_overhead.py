@@ -160,14 +160,14 @@ def reads_trace(model: ts.ModelHandle, ids: list[int], n: int) -> list[int]:
     def keep_nothing(step, P, consumed, attn_rows, resid, logits, prev_lp, opts, out):
         return None
 
-    kw = {"max_new_tokens": n, "do_sample": False, "temperature": None, "top_p": None, "top_k": None,
-          "eos_token_id": [], "pad_token_id": model.tokenizer.pad_token_id, "logits_to_keep": 32}
-
     def drop_layer(layer, P, rows, resid, opts):  # each prefill layer's reads dropped as read (a capture reduces them)
         return None
 
-    final, _, _ = model.generation(ids, kw, keep_nothing, (), [()] * model.n_layers, n, prefill_rows=32,
-                                   layer_fn=drop_layer)
+    from trajscope.capture import _gen_kwargs  # the capture's own generate settings, prompt window included
+
+    cfg = ts.CaptureConfig(max_new_tokens=n, stop_at_eos=False)
+    final, _, _ = model.generation(ids, _gen_kwargs(model, cfg), keep_nothing, (), [()] * model.n_layers, n,
+                                   prefill_rows=cfg.prefill_row_limit, layer_fn=drop_layer)
     return final
 
 
