@@ -96,3 +96,14 @@ def test_readme_is_a_landing_page():
 def test_docs_say_to_activate_the_environment(doc):
     text = (ROOT / doc).read_text()
     assert "source .venv/bin/activate" in text or ".venv/bin/" in text
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_docs_pictures_resolve(doc):
+    """Pictures in the docs are Markdown images of files that exist (MkDocs rewrites those paths,
+    not raw <img src>, so a raw tag's relative path breaks on the built site)."""
+    page = ROOT / doc
+    text = page.read_text()
+    assert "<img " not in text, f"{doc}: use ![alt](path){{ width=... }} instead of a raw <img> tag"
+    for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)", text):
+        assert (page.parent / target).exists(), f"{doc}: picture {target} does not exist"
