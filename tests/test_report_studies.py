@@ -13,13 +13,14 @@ import shutil
 import polars as pl
 import pytest
 
-from trajscope import report_serving as rs
+from trajscope.studies.serving import sections as rs
 from trajscope.errors import TrajscopeError
-from trajscope.report_studies import SECTIONS, detect, study_report
+from trajscope.report_studies import detect, sections, study_report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "sample_data" / "reports" / "serving"
 COMPACTION = ROOT / "sample_data" / "reports" / "compaction"
+SECTIONS = sections()
 SERVING = [s for s in SECTIONS if s != "compaction"]
 
 

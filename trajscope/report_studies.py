@@ -1,12 +1,14 @@
 """Study report: the sections of every study found in one or more directories, as one offline HTML file.
 
 A study writes its Parquet tables into a directory (``trajscope study … --out DIR``); one directory
-may hold several studies (``sample_data/reports/serving`` holds all the serving studies). A study
-is **detected** by its marker table (:data:`MARKERS`, default ``<study>_summary.parquet``) and
-rendered by its section builder in :data:`SECTIONS`: ``section(study_dir) -> (title, html, figures)``
-— an HTML fragment with the numbers, their 95 % intervals, setup, n and split, plus Bokeh figures.
-A study without a registered section is skipped; a section that fails is reported in the page
-(with its one-sentence reason) instead of ending the report.
+may hold several studies (``sample_data/reports/serving`` holds all the serving studies). Every
+study in the registry (:func:`trajscope.studies.registry.studies`) is **detected** by its result
+marker or marker table (:meth:`~trajscope.studies.registry.Study.holds`) and rendered by its own
+section from its :class:`~trajscope.studies.registry.Result`: ``(title, html, figures)`` — an
+HTML fragment with the numbers, their 95 % intervals, setup, n and split, plus Bokeh figures.
+Compaction, not yet a registered study, keeps its folder-reading section (:data:`UNREGISTERED`).
+A section that fails is reported in the page (with its one-sentence reason) instead of ending
+the report.
 
 :func:`study_report` writes the page with BokehJS inline (:func:`trajscope.report._bokeh_js`),
 so it opens offline: no script, stylesheet or font is fetched. ``trajscope study-report DIR
@@ -22,31 +24,36 @@ import pathlib
 import sys
 from typing import Any, Callable, Sequence
 
-from trajscope import report_compaction, report_serving as rs
+from trajscope import report_compaction
 from trajscope.errors import TrajscopeError
+from trajscope.studies.registry import Result, studies
 
 SectionFn = Callable[[pathlib.Path], tuple[str, str, list]]
 
-SECTIONS: dict[str, SectionFn] = {
-    "determinism": rs.determinism_section,
-    "batch": rs.batch_section,
-    "chunked-prefill": rs.chunked_prefill_section,
-    "prefix-cache": rs.prefix_cache_section,
-    "sae-stability": rs.sae_stability_section,
-    "compaction": report_compaction.section,
+# studies not yet in the registry: name → (marker table, section reading the folder)
+UNREGISTERED: dict[str, tuple[str, SectionFn]] = {
+    "compaction": ("compaction_summary.parquet", report_compaction.section),
 }
-MARKERS: dict[str, str] = {}  # study → marker file when it is not "<study>_summary.parquet"
+
+
+def sections() -> dict[str, SectionFn]:
+    """Every study's section as a function of a folder, in registry order (unregistered ones last)."""
+    out: dict[str, SectionFn] = {name: (lambda d, s=s: s.section(Result.load(d, s.name))) for name, s in studies().items()}
+    return {**out, **{name: fn for name, (_, fn) in UNREGISTERED.items()}}
 
 
 def marker(study: str) -> str:
-    """The Parquet file whose presence says a directory holds ``study``."""
-    return MARKERS.get(study, f"{study}_summary.parquet")
+    """The file whose presence says a directory holds ``study``, as an error message names it."""
+    if study in UNREGISTERED:
+        return UNREGISTERED[study][0]
+    return f"{study}.result.json or {study}_summary.parquet"
 
 
 def detect(study_dir: str | os.PathLike) -> list[str]:
-    """The registered studies whose marker table is in ``study_dir``, in :data:`SECTIONS` order."""
+    """The studies whose output is in ``study_dir``, in :func:`sections` order."""
     d = pathlib.Path(study_dir)
-    return [name for name in SECTIONS if (d / marker(name)).is_file()]
+    found = [name for name, s in studies().items() if s.holds(d)]
+    return found + [name for name, (m, _) in UNREGISTERED.items() if (d / m).is_file()]
 
 
 def _page(title: str, resources: str, script: str, body: str) -> str:
@@ -79,12 +86,13 @@ def study_report(dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike)
         found += [(d, s) for s in detect(d)]
     if not found:
         raise TrajscopeError(f"No study tables found in {', '.join(map(str, dirs))}; expected files such as "
-                             f"{', '.join(marker(s) for s in SECTIONS)} (written by 'trajscope study …').")
+                             f"{', '.join(marker(s) for s in sections())} (written by 'trajscope study …').")
     parts: list[tuple[str, str, list]] = []
     failed: list[str] = []
+    render = sections()
     for d, study in found:
         try:
-            title, body, figs = SECTIONS[study](d)
+            title, body, figs = render[study](d)
         except TrajscopeError as exc:
             failed.append(f"<li>{html.escape(study)} in <code>{html.escape(str(d))}</code>: {html.escape(str(exc))}</li>")
             continue

@@ -24,7 +24,7 @@ from trajscope.metrics.sae_eval import reconstruction_stats
 from trajscope.model.forward import numerics
 from trajscope.sae.model import SAE, SAEConfig
 from trajscope.studies import sae_stability as S
-from trajscope.studies.cli import register
+from trajscope.studies.flags import register
 from trajscope.studies.prompts import encode_prompts, shared_prefix_len
 
 TEXTS = ["def fibonacci(n):\n    return n", "import os\nimport sys", "class A:\n    pass\n\n\nclass B:\n    x = 1",

@@ -23,7 +23,7 @@ from tiny import FAMILIES
 from trajscope.errors import TrajscopeError
 from trajscope.model.forward import numerics
 from trajscope.studies import batching, determinism, prefill, prefix_cache
-from trajscope.studies.cli import register
+from trajscope.studies.flags import register
 from trajscope.studies.common import against_floor, bootstrap_ci, deltas
 from trajscope.studies.harvest import harvest_served
 from trajscope.studies.prompts import encode_prompts, shared_prefix_len

@@ -6,8 +6,7 @@
 - :mod:`trajscope.cli.drift`: ``profile`` and ``drift`` (the decode-regime calibration report);
 - :mod:`trajscope.cli.sae`: ``harvest``, ``train-sae`` and ``sae-drift``;
 - :mod:`trajscope.cli.studies`: ``eviction`` (the KV-eviction study);
-- :mod:`trajscope.studies.cli`: ``study batch | determinism | chunked-prefill | prefix-cache | sae-stability``
-  (serving artefacts);
+- :mod:`trajscope.studies.flags`: ``study NAME``, one subcommand per registered study (flags from its config);
 - :mod:`trajscope.report_studies`: ``study-report`` (one offline HTML page of the studies in directories);
 - :mod:`trajscope.cli.options`: the options they share, defined once, and the one place where
   parsed options become a :class:`~trajscope.capture.CaptureConfig`.
@@ -24,10 +23,10 @@ import sys
 
 from trajscope import report_studies
 from trajscope.cli import capture, drift, sae, steer, studies
-from trajscope.studies import cli as serving_studies
+from trajscope.studies import flags as registered_studies
 from trajscope.errors import TrajscopeError
 
-GROUPS = (capture, steer, drift, sae, studies, serving_studies, report_studies)
+GROUPS = (capture, steer, drift, sae, studies, registered_studies, report_studies)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ and Parquet tables.
 
 Serving studies — do serving choices change the activations a dataset is harvested from? Each runs
 the user's own model through the model boundary and returns Polars frames with documented columns
-(every row carries its serving provenance); ``trajscope study …`` (:mod:`trajscope.studies.cli`)
+(every row carries its serving provenance); ``trajscope study …`` (:mod:`trajscope.studies.flags`, one subcommand per study in :mod:`trajscope.studies.registry`)
 writes them as Parquet tables:
 
 - determinism (:mod:`~trajscope.studies.determinism`): the noise floor — repeats,
@@ -23,7 +23,7 @@ writes them as Parquet tables:
 - sae-stability (:mod:`~trajscope.studies.sae_stability`): SAEs trained on harvests that differ
   only by serving mode (batch, bfloat16, prefix cache), compared with the seed-to-seed spread.
 
-Report sections for each: :mod:`trajscope.report_serving`, assembled by :mod:`trajscope.report_studies`
+Report sections for each: :mod:`trajscope.studies.serving.sections`, assembled by :mod:`trajscope.report_studies`
 (``trajscope study-report``).
 
 Shared pieces: :func:`~trajscope.studies.common.deltas` (L2 / relative L2 / cosine per

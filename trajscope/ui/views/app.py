@@ -21,6 +21,7 @@ import param
 from panel.io.resources import CDN_DIST
 from panel.theme import Design, Fast
 
+from trajscope.studies.registry import studies
 from trajscope.trajectory import Trajectory
 from trajscope.ui.state import AppState
 from trajscope.ui.views._base import StateView
@@ -132,23 +133,23 @@ class TrajScope(StateView):
         Tabs are rendered when first shown (``dynamic``): a new run redraws only the tab on screen.
         """
         card = dict(sizing_mode="stretch_width", collapsible=False, margin=(5, 5))
-        tabs = pn.Tabs(
-            ("Overview", pn.Column(self.telemetry, sizing_mode="stretch_width")),
-            ("Attention", self.attention),
-            ("SAE features", self.features),
-            ("Drift", self.drift),
-            ("Steering", self.steering),
-            ("Eviction", self.eviction),
-            ("Compaction", self.compaction),
-            ("Export", self.export),
-            dynamic=True, sizing_mode="stretch_width", css_classes=["ts-tabs"])
+        # one list of (tab title, view): the core cards, each registered study's card, then Export
+        panels = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features),
+                  ("Drift", self.drift), ("Steering", self.steering), ("Eviction", self.eviction),
+                  ("Compaction", self.compaction)]
+        panels += [(study.name.replace("-", " ").capitalize(), study.card(self.state))
+                   for study in studies().values() if study.card is not None]
+        panels.append(("Export", self.export))
+        tabs = pn.Tabs(*[(title, pn.Column(view, sizing_mode="stretch_width") if view is self.telemetry else view)
+                         for title, view in panels],
+                       dynamic=True, sizing_mode="stretch_width", css_classes=["ts-tabs"])
         self.tabs = tabs
-        views = [self.telemetry, self.attention, self.features, self.drift, self.steering, self.eviction,
-                 self.compaction, self.export]
+        views = [view for _, view in panels]
 
         def on_tab(*_):  # hidden tabs defer their analyses of a new run until they are opened
             for i, view in enumerate(views):
-                view.shown = i == tabs.active
+                if "shown" in getattr(view, "param", {}):
+                    view.shown = i == tabs.active
 
         tabs.param.watch(on_tab, "active")
         on_tab()

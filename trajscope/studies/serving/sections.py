@@ -1,8 +1,9 @@
 """Report sections for the serving studies: determinism floor, batch composition, chunked prefill,
 prefix cache and SAE stability.
 
-Each ``*_section(study_dir)`` reads the Parquet tables that ``trajscope study …`` wrote into
-``study_dir`` (:mod:`trajscope.studies.run`) and returns ``(title, html, figures)``: an HTML
+Each ``*_section(result)`` reads the tables of the study's
+:class:`~trajscope.studies.registry.Result` (what ``trajscope study …`` wrote, or what the study
+just returned) and returns ``(title, html, figures)``: an HTML
 fragment with the setup (model dtype, device, threads, prompts, rows), the study's numbers with
 their 95 % intervals (prompt-clustered bootstrap, :func:`trajscope.stats.cluster_bootstrap`),
 what is read against the determinism floor, and a list of Bokeh figures. Nothing is recomputed
@@ -18,26 +19,19 @@ from __future__ import annotations
 
 import html
 import math
-import pathlib
 from typing import Any, Sequence
 
 import polars as pl
 
-from trajscope.errors import TrajscopeError
+from trajscope.studies.registry import Result
 
 INTERVAL_NOTE = ("Intervals: 95 % percentile bootstrap over prompts (each prompt's mean first; "
                  "<code>trajscope.stats.cluster_bootstrap</code>).")
 
 
-def read(study_dir: pathlib.Path, name: str) -> pl.DataFrame:
-    """``study_dir/<name>.parquet``; one clear error when it is missing or unreadable."""
-    f = pathlib.Path(study_dir) / f"{name}.parquet"
-    if not f.is_file():
-        raise TrajscopeError(f"'{study_dir}' has no {name}.parquet; rerun the study that writes it.")
-    try:
-        return pl.read_parquet(f)
-    except Exception as exc:  # polars raises several types for a damaged file
-        raise TrajscopeError(f"The table '{f}' is unreadable ({str(exc).splitlines()[0][:80]}).") from None
+def read(result: Result, name: str) -> pl.DataFrame:
+    """The Result's table ``name``; one clear error when it is missing or unreadable."""
+    return result.table(name)
 
 
 def num(v: Any, digits: int = 3) -> str:
@@ -130,10 +124,10 @@ SUMMARY_COLS = ["layer", "n_prompts", "rel_l2_mean", "rel_l2_max", "floor_rel_l2
                 "frac_greedy_diverged"]
 
 
-def determinism_section(study_dir: pathlib.Path) -> tuple[str, str, list]:
+def determinism_section(result: Result) -> tuple[str, str, list]:
     """The determinism floor: per dtype and layer, and what choosing a lower precision does."""
-    fl, summ = read(study_dir, "determinism_floor"), read(study_dir, "determinism_summary")
-    long = pl.scan_parquet(pathlib.Path(study_dir) / "determinism.parquet").select(
+    fl, summ = read(result, "determinism_floor"), read(result, "determinism_summary")
+    long = result.scan("determinism").select(
         "prompt_id", "dtype", "device", "threads").collect()
     noise = summ.filter(pl.col("condition").is_in(["repeat", "deterministic", "threads", "tf32"]))
     choice = summ.filter(pl.col("condition").is_in(["vs_float32", "vs_float64"]))
@@ -151,12 +145,12 @@ def determinism_section(study_dir: pathlib.Path) -> tuple[str, str, list]:
     return "Determinism floor", body, figs
 
 
-def batch_section(study_dir: pathlib.Path) -> tuple[str, str, list]:
+def batch_section(result: Result) -> tuple[str, str, list]:
     """Batch composition: alone vs co-batched (neighbours, padding side, slot), against the floor."""
-    summ, fl = read(study_dir, "batch_summary"), read(study_dir, "batch_floor")
-    long = pl.scan_parquet(pathlib.Path(study_dir) / "batch.parquet").select(
+    summ, fl = read(result, "batch_summary"), read(result, "batch_floor")
+    long = result.scan("batch").select(
         "prompt_id", "dtype", "device", "threads", "batch_size").collect()
-    bands = read(study_dir, "batch_bands")
+    bands = read(result, "batch_bands")
     spread = bands.group_by("layer").agg(pl.col("rel_spread").max().alias("max_rel_spread"),
                                          pl.col("n_conditions").max().alias("max_conditions")).sort("layer")
     body = (setup_line(long, f"Batch of {long['batch_size'].max()}: the prompt with shorter / longer / mixed "
@@ -175,10 +169,10 @@ def batch_section(study_dir: pathlib.Path) -> tuple[str, str, list]:
                                                     "(mean over conditions; whiskers: widest interval)", fl)]
 
 
-def chunked_prefill_section(study_dir: pathlib.Path) -> tuple[str, str, list]:
+def chunked_prefill_section(result: Result) -> tuple[str, str, list]:
     """Chunked vs monolithic prefill per chunk size and layer."""
-    summ, fl = read(study_dir, "chunked-prefill_summary"), read(study_dir, "chunked-prefill_floor")
-    long = pl.scan_parquet(pathlib.Path(study_dir) / "chunked-prefill.parquet").select(
+    summ, fl = read(result, "chunked-prefill_summary"), read(result, "chunked-prefill_floor")
+    long = result.scan("chunked-prefill").select(
         "prompt_id", "dtype", "device", "threads").collect()
     body = (setup_line(long, "Chunk sizes " + ", ".join(map(str, sorted(summ["chunk"].unique()))) + " tokens vs one "
                        "pass (chunk ≥ prompt length is one pass and bitwise identical).")
@@ -188,16 +182,16 @@ def chunked_prefill_section(study_dir: pathlib.Path) -> tuple[str, str, list]:
                                                                 "Chunked prefill vs one pass, by chunk size", fl)]
 
 
-def prefix_cache_section(study_dir: pathlib.Path) -> tuple[str, str, list]:
+def prefix_cache_section(result: Result) -> tuple[str, str, list]:
     """Prefix cache: the coverage map (what a cache-heavy harvest never produces) and reuse deltas."""
     from trajscope.stats import cluster_bootstrap
 
-    cov, summ = read(study_dir, "prefix-cache_coverage_summary"), read(study_dir, "prefix-cache_summary")
-    fl = read(study_dir, "prefix-cache_floor")
-    per = read(study_dir, "prefix-cache_coverage").group_by("prompt_id").agg(
+    cov, summ = read(result, "prefix-cache_coverage_summary"), read(result, "prefix-cache_summary")
+    fl = read(result, "prefix-cache_floor")
+    per = read(result, "prefix-cache_coverage").group_by("prompt_id").agg(
         (pl.col("status") == "reused").mean().alias("share"))
     iv = cluster_bootstrap(per["share"].to_numpy())
-    long = pl.scan_parquet(pathlib.Path(study_dir) / "prefix-cache.parquet").select(
+    long = result.scan("prefix-cache").select(
         "prompt_id", "dtype", "device", "threads", "reused").collect()
     overall = cov.filter(pl.col("by") == "all").row(0, named=True)
     body = (setup_line(long, f"Shared prefix served from a warm cache; prompts reused {long['reused'].min()}–"
@@ -217,10 +211,10 @@ METRIC_NOTE = {"dec_maxcos": "mean best decoder cosine of B's features with A's"
                "fvu_delta": "FVU(B) − FVU(A) on the reference eval rows"}
 
 
-def sae_stability_section(study_dir: pathlib.Path) -> tuple[str, str, list]:
+def sae_stability_section(result: Result) -> tuple[str, str, list]:
     """SAE stability: serving-mode pairs vs the seed-to-seed spread, and each SAE's FVU."""
-    summ, saes = read(study_dir, "sae-stability_summary"), read(study_dir, "sae-stability_saes")
-    harv, pairs = read(study_dir, "sae-stability_harvests"), read(study_dir, "sae-stability_pairs")
+    summ, saes = read(result, "sae-stability_summary"), read(result, "sae-stability_saes")
+    harv, pairs = read(result, "sae-stability_harvests"), read(result, "sae-stability_pairs")
     s0 = saes.row(0, named=True)
     seeds = sorted(saes["seed"].unique().to_list())
     body = (f"<p class='note'><b>Setup.</b> TopK SAEs (d_sae {s0['d_sae']}, k {s0['k']}, {s0['n_tokens']:,} training "
