@@ -7,7 +7,9 @@ otherwise the app captures a short run of the demo prompt as soon as the page
 opens (streaming, like pressing Generate).
 
 Environment: ``TRAJSCOPE_RUN`` opens another run directory; ``TRAJSCOPE_MODEL``
-uses another model source for Generate.
+uses another model source for Generate; ``TRAJSCOPE_LOG`` is the log file (default
+``~/.cache/trajscope/logs/app.log``: the traceback behind every error sentence a page shows,
+under the error id the sentence names).
 
 Serving for a team: what browsers may reach is the operator's choice, given after
 ``--args`` (see :mod:`trajscope.ui.operator` and ``docs/operator.md``)::
@@ -25,10 +27,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import panel as pn  # noqa: E402
 
+from trajscope.logs import log_to_file  # noqa: E402
 from trajscope.ui import operator  # noqa: E402
 from trajscope.ui.views.app import default_page  # noqa: E402
 
 pn.extension("tabulator", notifications=True)
+log_to_file()  # $TRAJSCOPE_LOG, default ~/.cache/trajscope/logs/app.log: tracebacks behind the pages' sentences
 operator.configure(operator.ServeConfig.from_args(sys.argv[1:]))  # `--args …` of panel serve, else the environment
 
 default_page(os.environ.get("TRAJSCOPE_RUN") or None, model=os.environ.get("TRAJSCOPE_MODEL", "sample")).servable(

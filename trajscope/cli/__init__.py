@@ -13,12 +13,15 @@
 
 Command modules import :mod:`~trajscope.cli.options`, never each other. Every subcommand's
 ``--help`` has a description, its defaults and an example. Bad input prints one sentence on
-stderr and exits with status 2.
+stderr and exits with status 2; an unexpected failure prints one sentence and exits with 1.
+``trajscope --debug COMMAND …`` (or ``TRAJSCOPE_DEBUG=1``) prints the traceback, with its
+chained causes, after the sentence.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from trajscope import report_studies
@@ -33,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``trajscope`` parser with every command group registered."""
     ap = argparse.ArgumentParser(prog="trajscope", description="Step through LLM decode and measure drift from "
                                  "prefill. Run 'trajscope COMMAND --help' for a command's options and an example.")
+    ap.add_argument("--debug", action="store_true", default=bool(os.environ.get("TRAJSCOPE_DEBUG")),
+                    help="print the traceback (with its causes) after the one-sentence error")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in GROUPS:
         group.register(sub)
@@ -45,7 +50,21 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except TrajscopeError as exc:
         print(f"trajscope: {exc}", file=sys.stderr)
+        _traceback(args, exc)
         return 2
+    except Exception as exc:  # not bad input: say what failed in one sentence; --debug has the rest
+        first = (str(exc).splitlines() or [""])[0][:200]
+        print(f"trajscope: {args.command} failed unexpectedly: {type(exc).__name__}: {first}"
+              f"{'' if args.debug else ' (run with --debug for the traceback)'}.", file=sys.stderr)
+        _traceback(args, exc)
+        return 1
+
+
+def _traceback(args: argparse.Namespace, exc: BaseException) -> None:
+    if getattr(args, "debug", False):
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from trajscope.capture import capture
 from trajscope.errors import TrajscopeError
+from trajscope.logs import error_id
 from trajscope.model import ModelHandle, load_model
 from trajscope.ui import openmp
 
@@ -138,13 +139,6 @@ def local_model(state: Any, card: str, loader: Callable[[str], ModelHandle] | No
     if loader is not None:
         return loader(state.model_source)
     return get_model(state.model_key()[0])  # a model the operator allows (one sentence otherwise)
-
-
-def error_id() -> str:
-    """A short id that ties the sentence a browser shows to the server log's traceback."""
-    import uuid
-
-    return uuid.uuid4().hex[:8]
 
 
 def _scrub(message: str, secret: str | None) -> str:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Callable, Iterator
 
 import panel as pn
 import param
 from panel.io.state import set_curdoc
 
+from trajscope.errors import TrajscopeError
+from trajscope.logs import failure_sentence
 from trajscope.ui.state import AppState
+
+log = logging.getLogger(__name__)
 
 
 class StateView(pn.viewable.Viewer):
@@ -138,32 +143,47 @@ def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
     return dispatch
 
 
-def in_background(work: Callable[[], object], apply: Callable[[object], None], doc=None,
-                  name: str = "trajscope-analysis") -> None:
-    """Run ``work()`` off the event loop and ``apply(result)`` back on it.
+def in_background(work: Callable[[], object], apply: Callable[[object], None], on_error: Callable[[str], None],
+                  doc=None, name: str = "trajscope-analysis", what: str = "The analysis") -> None:
+    """Run ``work()`` off the event loop and ``apply(result)`` back on it; a failure calls ``on_error``.
 
     In a served session ``work`` runs on a daemon thread and ``apply`` on the session's next tick
     (under the document lock); without a server session (Jupyter comms, tests) both run at once,
     in order, on the calling thread. While ``work`` runs, the event loop's thread lends it its
     OpenMP cores (:func:`trajscope.ui.openmp.lend`).
+
+    Args:
+        on_error: ``(sentence)`` on the event loop when ``work`` raises: a
+            :class:`~trajscope.errors.TrajscopeError`'s own sentence, or for anything else
+            ``"<what> failed: …"`` with an error id whose traceback the log holds
+            (:func:`trajscope.logs.failure_sentence`). The card stays usable either way.
+        what: names the work in that sentence ("The eviction study").
     """
     import threading
 
     from trajscope.ui import openmp
 
+    def attempt() -> tuple[bool, object]:
+        try:
+            return True, work()
+        except TrajscopeError as exc:
+            return False, str(exc)
+        except Exception as exc:  # the card must stay usable; the traceback goes to the log
+            return False, failure_sentence(what, exc, log)
+
+    def finish(outcome: tuple[bool, object]) -> None:
+        ok, value = outcome
+        apply(value) if ok else on_error(str(value))
+
     doc = doc if doc is not None else pn.state.curdoc
     if doc is None or doc.session_context is None:
-        apply(work())
+        finish(attempt())
         return
     dispatch = dispatcher(doc)
     give_back = openmp.lend(dispatch)
 
     def run() -> None:
-        try:
-            result = work()
-        except BaseException:
-            dispatch(give_back)
-            raise
-        dispatch(lambda: (give_back(), apply(result)))
+        outcome = attempt()
+        dispatch(lambda: (give_back(), finish(outcome)))
 
     threading.Thread(target=run, name=name, daemon=True).start()

@@ -15,18 +15,22 @@ view stays responsive and a Stop button ends a sweep after the current run.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import panel as pn
 import param
 
 from trajscope.errors import TrajscopeError
+from trajscope.logs import failure_sentence
 from trajscope.ui import analysis_plots as ap
 from trajscope.ui import openmp
 from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths, skipped_depths
 from trajscope.ui.tables import table_pane
 from trajscope.ui.views._base import StateView, dispatcher, in_background
 from trajscope.ui.views._cursor import Cursor, vline
+
+log = logging.getLogger(__name__)
 
 PROXY_NOTE = ("Drift score = diagonal Mahalanobis distance of the residual to the prefill mean, ÷ √d (≈ 1 for "
               "prefill positions). It treats dimensions independently: a triage signal for where to look, "
@@ -67,7 +71,8 @@ class DriftView(StateView):
             s.param.update(drift=None, message="Scoring the run against the profile…")
             return
         s.param.update(drift=None, message="Scoring the run against the profile…")
-        in_background(lambda: s.score(traj, prof), lambda res: self._apply(ticket, traj, res))
+        in_background(lambda: s.score(traj, prof), lambda res: self._apply(ticket, traj, res),
+                      lambda msg: self._apply(ticket, traj, (None, msg)), what="Drift scoring")
 
     def _apply(self, ticket: int, traj, result) -> None:
         """Show the drift table; put per-token flags on the token strip (``drift_flagged_layers``, ``drift_score_max``)."""
@@ -153,8 +158,8 @@ class SteeringView(StateView):
                 msg = work(dispatch)
             except TrajscopeError as exc:
                 msg = str(exc)
-            except Exception as exc:  # the view must stay usable
-                msg = f"Steering failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            except Exception as exc:  # the view must stay usable; the traceback goes to the log
+                msg = failure_sentence("Steering", exc, log)
             dispatch(lambda: (give_back(), self._finish(msg)))
 
         threading.Thread(target=run, name="trajscope-steer", daemon=True).start()

@@ -68,15 +68,8 @@ class CompactionView(StateView):
         s.param.update(busy=True, result=None, summary="", status=f"Running session {session.session_id} as A, B, C "
                                                                    f"and D ({n_new} greedy tokens each)…")
 
-        def work():
-            try:
-                return run_session(self._model(), session, n_new), ""
-            except TrajscopeError as exc:
-                return None, str(exc)
-            except Exception as exc:  # the card must stay usable
-                return None, f"Compaction run failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-
-        in_background(work, lambda out: self._finish(ticket, *out), name="trajscope-compaction")
+        in_background(lambda: run_session(self._model(), session, n_new), lambda res: self._finish(ticket, res, ""),
+                      lambda msg: self._finish(ticket, None, msg), name="trajscope-compaction", what="The compaction run")
 
     def _finish(self, ticket: int, res, message: str) -> None:
         if ticket != self._ticket:

@@ -147,22 +147,15 @@ class Controls(StateView):
 
     def _save(self, traj, done: str) -> None:
         """Save the run to the runs directory off the event loop; list it, or say why it was not saved."""
-        def work():
-            try:
-                return saved_runs.save_run(traj), None
-            except TrajscopeError as exc:
-                return None, str(exc)
+        def failed(err: str) -> None:  # the run stays on screen; only the copy on disk is missing
+            self.state.report(f"{err} The run stays on screen; export it from the Export tab.")
 
-        def apply(result):
-            path, err = result
-            if err:  # the run stays on screen; only the copy on disk is missing
-                self.state.report(f"{err} The run stays on screen; export it from the Export tab.")
-                return
+        def apply(path):
             self.saved.options = self._saved_options()
             if self.state.trajectory is traj:
                 self.state.param.update(run_path=str(path), status=f"{done} Saved to {path}.")
 
-        in_background(work, apply)
+        in_background(lambda: saved_runs.save_run(traj), apply, failed, what="Saving the run")
 
     def _on_error(self, message: str) -> None:
         self._give_back()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import panel as pn
 import param
 
-from trajscope.errors import TrajscopeError
 from trajscope.ui import eviction_plots as ep
 from trajscope.ui.eviction_state import LABELS, EvictionSettings, run_study
 from trajscope.ui.views._base import StateView, in_background
@@ -85,15 +84,9 @@ class EvictionView(StateView):
         s.param.update(busy=True, result=None, summary="",
                        status=f"Running {LABELS[policy]} at budget {budget:g} on this run's prompt…")
 
-        def work():
-            try:
-                return run_study(self._model(), traj, policy, budget, window), ""
-            except TrajscopeError as exc:
-                return None, str(exc)
-            except Exception as exc:  # the card must stay usable
-                return None, f"Eviction study failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-
-        in_background(work, lambda out: self._finish(ticket, traj, *out), name="trajscope-eviction")
+        in_background(lambda: run_study(self._model(), traj, policy, budget, window),
+                      lambda res: self._finish(ticket, traj, res, ""), lambda msg: self._finish(ticket, traj, None, msg),
+                      name="trajscope-eviction", what="The eviction study")
 
     def _finish(self, ticket: int, traj, res, message: str) -> None:
         if ticket != self._ticket:

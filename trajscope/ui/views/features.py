@@ -171,13 +171,8 @@ class FeaturesView(StateView):
             return
         self._enc, self.message = None, "Encoding the run with the SAE…"
 
-        def work():
-            try:
-                return encode_run(traj, sae), ""
-            except TrajscopeError as exc:
-                return None, str(exc)
-
-        in_background(work, lambda res: self._apply(ticket, res))
+        in_background(lambda: encode_run(traj, sae), lambda enc: self._apply(ticket, (enc, "")),
+                      lambda msg: self._apply(ticket, (None, msg)), what="Encoding the run with the SAE")
 
     def _apply(self, ticket: int, result) -> None:
         if ticket != self._ticket:
