@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import polars as pl
 import pytest
+import torch
 
 import trajscope as ts
 from trajscope.cli import main
@@ -93,6 +95,45 @@ def test_export_with_a_corrupt_run_says_one_sentence_and_leaves_no_partial_datas
     assert f"left out {bad}" in err and "(2 runs)" in err
     tok = scan(tmp_path / "ds3", "tokens").collect()
     assert tok["run_id"].n_unique() == 2
+
+
+@pytest.mark.parametrize("name, write, fragment", [
+    ("missing.safetensors", None, "No steering vector file"),
+    ("text.safetensors", lambda p: p.write_text("not a tensor file"), "not a readable safetensors file"),
+    ("text.npy", lambda p: p.write_text("not a tensor file"), "not a plain numeric .npy array"),
+    ("matrix.npy", lambda p: np.save(p, np.ones((2, 3), dtype=np.float32)), "shape (2, 3)"),
+    ("ints.safetensors", lambda p: _st(p, torch.ones(16, dtype=torch.int64), {"layer": "1"}), "dtype int64"),
+    ("meta.safetensors", lambda p: _st(p, torch.ones(16), {"layer": "one"}), "layer='one'"),
+    ("zero.npy", lambda p: np.save(p, np.zeros(16, dtype=np.float32)), "non-zero"),
+    ("vector.pt", lambda p: p.write_text("x"), "not '.pt'"),
+])
+def test_a_malformed_steering_vector_file_gives_one_sentence(tmp_path, capsys, name, write, fragment):
+    path = tmp_path / name
+    if write is not None:
+        write(path)
+    rc = main(["capture", "--prompt", "x", "--max-new-tokens", "1", "--steer", str(path), "--steer-layer", "1",
+               "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    _one_sentence(err)
+    assert fragment in err and str(path) in err, err
+
+
+def test_a_vector_of_the_wrong_width_gives_one_sentence(tiny_dirs, tmp_path, capsys):
+    path = tmp_path / "wide.npy"
+    np.save(path, np.ones(999, dtype=np.float32))
+    rc = main(["capture", "--model", str(tiny_dirs["gpt2"]), "--prompt", "x", "--max-new-tokens", "1",
+               "--steer", str(path), "--steer-layer", "1", "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    _one_sentence(err)
+    assert "999" in err
+
+
+def _st(path, tensor, metadata):
+    from safetensors.torch import save_file
+
+    save_file({"direction": tensor}, str(path), metadata=metadata)
 
 
 def test_find_runs_says_what_is_wrong(tmp_path):
