@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from trajscope.errors import TrajscopeError
+from trajscope.interval_text import interval_columns
 
 _HELP = {
     "batch": ("a prompt alone vs co-batched: neighbours of other lengths, left/right padding, its row",
@@ -174,7 +175,10 @@ def cmd_study(args: argparse.Namespace) -> int:
             df = tables[key]
             cols = [c for c in df.columns if df.schema[c] in (pl.String, pl.Int16, pl.Int32) or c in keep]
             cols = [c for c in cols if c not in ("device", "dtype", "padding_side")] or cols
+            merged = interval_columns(df.rename({"lo": "value_lo", "hi": "value_hi"}, strict=False),
+                                      ["rel_l2_mean", "value"], "n_prompts")  # "0.1 [lo, hi]", or why none
+            shown = merged.select(c for c in cols if c in merged.columns)
             print(f"{key}:")
-            print(df.select(cols))
+            print(shown)
     print("written: " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
