@@ -36,7 +36,7 @@ from trajscope import positions
 from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
 from trajscope.metrics import eviction as ev
-from trajscope.metrics.bands import depth_band_expr
+from trajscope.metrics.bands import depth_band_expr, sort_bands
 from trajscope.trajectory import write_table
 
 TABLES = ("eviction_kept", "eviction_steps", "eviction_rerun")
@@ -69,7 +69,7 @@ class EvictionResult:
             for metric in ("kl_to_full", "token_agreement"):
                 out = out.join(bootstrap_frame(rr, metric, keys, "run_id", level=level, n_boot=n_boot)
                                .drop("n", "n_clusters"), on=keys, how="left")
-        return out.rename({"n_clusters": "n_prompts", "n": "n_rows"}).sort(keys)
+        return sort_bands(out.rename({"n_clusters": "n_prompts", "n": "n_rows"}), *keys)
 
     def save(self, out: str | pathlib.Path) -> pathlib.Path:
         """Write ``eviction_kept``, ``eviction_steps`` and ``eviction_rerun`` Parquet files under ``out``."""
