@@ -96,7 +96,8 @@ def _write(res, out) -> int:
     res.save(out)
     summary = res.summary()
     write_table(summary, out / "summary.parquet", "eviction_summary")
-    metrics = [m for m in ("recall_at_k", "evicted_mass", "kl_to_full", "token_agreement") if m in summary.columns]
+    metrics = [m for m in ("recall_at_k", "evicted_mass", "kl_to_full", "token_agreement", "forced_agreement")
+               if m in summary.columns]
     shown = interval_columns(summary, metrics, "n_prompts").select("policy", "budget", "depth_band", "n_prompts",
                                                                     *metrics)
     with pl.Config(tbl_rows=200, tbl_cols=-1, fmt_str_lengths=40, tbl_width_chars=240, tbl_hide_dataframe_shape=True):
