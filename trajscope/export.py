@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import polars as pl
 
-from trajscope.errors import TrajscopeError
+from trajscope.errors import TrajscopeError, first_sentence
 from trajscope.io import atomic_dir, honour_umask
 from trajscope.trajectory import OPTIONAL_TABLES, SCHEMA_VERSION, TABLES, Trajectory, parquet_metadata
 
@@ -81,11 +81,6 @@ def _run_dirs(runs: Iterable[str | os.PathLike | Trajectory]) -> list:
     return out
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:120] if text else type(exc).__name__
-
-
 def _write_run(run: pathlib.Path | Trajectory, root: pathlib.Path, partition_by: Sequence[str],
                tables: Sequence[str], used: dict[str, int]) -> list[pathlib.Path]:
     """Write one run's tables under ``root``; returns the files written. A run that cannot be read raises
@@ -128,7 +123,7 @@ def _write_run(run: pathlib.Path | Trajectory, root: pathlib.Path, partition_by:
     except (pl.exceptions.PolarsError, ValueError) as exc:
         _remove(written)
         raise TrajscopeError(f"Run directory '{run}' is corrupt: its {table}.parquet is unreadable "
-                             f"({_first_line(exc)}).") from exc
+                             f"({first_sentence(exc)}).") from exc
     used[sub] = used.get(sub, 0) + 1
     return written
 

@@ -62,6 +62,7 @@ def interval_columns(df: pl.DataFrame, columns: Sequence[str], n_clusters: str |
         lo, hi = (df[f"{c}_lo"].to_list(), df[f"{c}_hi"].to_list()) if f"{c}_lo" in df.columns else (
             [None] * df.height, [None] * df.height)
         n = df[n_clusters].to_list() if n_clusters and n_clusters in df.columns else [None] * df.height
-        text = [format_interval(e, a, b, digits, n_clusters=k, unit=unit) for e, a, b, k in zip(df[c].to_list(), lo, hi, n)]
+        text = [format_interval(e, a, b, digits, n_clusters=k, unit=unit)
+                for e, a, b, k in zip(df[c].to_list(), lo, hi, n)]
         out = out.with_columns(pl.Series(c, text, dtype=pl.String)).drop(f"{c}_lo", f"{c}_hi", strict=False)
     return out

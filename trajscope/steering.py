@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from trajscope.errors import TrajscopeError
+from trajscope.errors import TrajscopeError, first_sentence
 
 MODES = ("add", "clamp")
 
@@ -130,7 +130,7 @@ class SteeringVector:
             try:
                 direction = torch.from_numpy(np.load(path, allow_pickle=False).astype(np.float32))
             except (ValueError, OSError, EOFError) as exc:
-                raise TrajscopeError(f"'{path}' is not a plain numeric .npy array ({_first_line(exc)}).") from exc
+                raise TrajscopeError(f"'{path}' is not a plain numeric .npy array ({first_sentence(exc)}).") from exc
         elif path.suffix == ".safetensors":
             from safetensors import safe_open
 
@@ -145,7 +145,7 @@ class SteeringVector:
                     direction = fh.get_tensor(key)
                     meta = fh.metadata() or {}
             except (SafetensorError, OSError) as exc:
-                raise TrajscopeError(f"'{path}' is not a readable safetensors file ({_first_line(exc)}).") from exc
+                raise TrajscopeError(f"'{path}' is not a readable safetensors file ({first_sentence(exc)}).") from exc
             for k, conv in (("layer", int), ("strength", float), ("start_step", int), ("end_step", int),
                             ("mode", str), ("name", str)):
                 if meta.get(k) in (None, "None"):
@@ -200,9 +200,3 @@ class SteeringVector:
             raise TrajscopeError(f"SAE feature {feature} is out of range; the SAE has {W_dec.shape[0]} features.")
         return cls(layer=layer, direction=W_dec[feature].detach().float(), strength=strength,
                    name=kwargs.pop("name", f"sae-{feature}"), **kwargs)
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first sentence of an error's message (a library's long explanation cut to what names the problem)."""
-    lines = str(exc).strip().splitlines()
-    return lines[0].split(". ")[0].rstrip(".")[:160] if lines else type(exc).__name__

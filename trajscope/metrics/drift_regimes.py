@@ -90,7 +90,8 @@ def regime_rows(profile: ReferenceProfile, prompt_id: str, regime: str, resid: d
 
 
 def _order(df: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
-    """Sort by regime / bins in their natural order (:func:`trajscope.metrics.bands.sort_bands`), then the other keys."""
+    """Sort by regime / bins in their natural order (:func:`~trajscope.metrics.bands.sort_bands`), other keys
+    as they are."""
     return sort_bands(df, *by, orders={"regime": REGIMES, "pos_bin": POS_ORDER})
 
 
