@@ -250,7 +250,8 @@ def section(study_dir: str | pathlib.Path) -> tuple[str, str, list]:
                      + _table(["x vs ref", "KL", "top-1 agrees", "n sessions"], rows))
     fd = first_divergence(t["decode"])
     if fd:
-        rows = [[SETUP_NAMES[r["setup"]], r["diverged"].fmt(unit="session"), r["depth"].fmt(2, unit="session"), str(r["n"])] for r in fd]
+        rows = [[SETUP_NAMES[r["setup"]], r["diverged"].fmt(unit="session"), r["depth"].fmt(2, unit="session"),
+                 str(r["n"])] for r in fd]
         parts.append(f"<h3>Greedy continuation ({fd[0]['n_new']} tokens after T3) vs C's</h3>"
                      + _table(["setup", "share of sessions that diverge", f"first divergence (index; {fd[0]['n_new']} "
                                "= never)", "n sessions"], rows))
