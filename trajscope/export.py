@@ -7,23 +7,31 @@ from an older schema version is refused with a message saying which version it
 is and which this trajscope reads.
 
 :func:`export` turns many run directories into one Hive-partitioned dataset,
-``OUT/<table>/model=<id>/run_id=<id>/part-0.parquet``, streaming one run at a
-time through Polars' lazy engine, so 1,000 runs never sit in memory together:
+``OUT/<table>/model=<id>/run_id=<id>/part-0.parquet`` (values percent-encoded, so
+``a/b:c`` and ``a_b_c`` stay apart and read back as themselves), streaming one run at a
+time through Polars' lazy engine, so 1,000 runs never sit in memory together. Runs
+that share every partition key (the same prompt id captured twice, in ``runs/base``
+and ``runs/steered``) land in one partition as ``part-0``, ``part-1``, … The export
+is atomic: a corrupt run leaves no partial dataset. Read it back with
 
     pl.scan_parquet("OUT/attention/**/*.parquet", hive_partitioning=True)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
-import re
-from typing import Iterable, Sequence
+import shutil
+import tempfile
+import urllib.parse
+from typing import Any, Callable, Iterable, Sequence
 
 import polars as pl
 
-from trajscope.errors import TrajscopeError
+from trajscope.errors import TrajscopeError, first_sentence
+from trajscope.io import atomic_dir, honour_umask
 from trajscope.trajectory import OPTIONAL_TABLES, SCHEMA_VERSION, TABLES, Trajectory, parquet_metadata
 
 ALL_TABLES = TABLES + OPTIONAL_TABLES
@@ -35,7 +43,7 @@ def read_table(path: str | os.PathLike) -> pl.DataFrame:
     try:
         meta = pl.read_parquet_metadata(path)
     except Exception as exc:
-        raise TrajscopeError(f"'{path}' is not a readable Parquet file ({exc}).") from None
+        raise TrajscopeError(f"'{path}' is not a readable Parquet file ({exc}).") from exc
     version = meta.get("trajscope_schema")
     if version is None:
         raise TrajscopeError(f"'{path}' has no trajscope schema version; it was not written by trajscope.")
@@ -46,15 +54,16 @@ def read_table(path: str | os.PathLike) -> pl.DataFrame:
 
 
 def _safe(value: str) -> str:
-    """A Hive partition value that is a valid path segment."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", value).strip("_") or "_"
+    """A Hive partition value as one path segment: percent-encoded (``a/b:c`` → ``a%2Fb%3Ac``), as Hive, Polars
+    and DuckDB read it back, so distinct values never share a folder."""
+    return urllib.parse.quote(value, safe="") or "_"
 
 
 def _meta(run: pathlib.Path) -> dict:
     try:
         return json.loads((run / "meta.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TrajscopeError(f"Run directory '{run}' has a corrupt meta.json ({exc}).") from None
+        raise TrajscopeError(f"Run directory '{run}' has a corrupt meta.json ({exc}).") from exc
 
 
 def _run_dirs(runs: Iterable[str | os.PathLike | Trajectory]) -> list:
@@ -72,36 +81,21 @@ def _run_dirs(runs: Iterable[str | os.PathLike | Trajectory]) -> list:
     return out
 
 
-def export(runs: Iterable[str | os.PathLike | Trajectory], out: str | os.PathLike,
-           partition_by: Sequence[str] = ("model", "run_id"), tables: Sequence[str] = ALL_TABLES,
-           progress: bool = True) -> pathlib.Path:
-    """Write many runs as one Hive-partitioned Parquet dataset per table.
-
-    Args:
-        runs: run directories (or Trajectories).
-        out: dataset root; ``out/<table>/<key>=<value>/.../part-0.parquet``.
-        partition_by: keys among ``model`` (the model id), ``run_id``, ``family``.
-        tables: which tables to export (optional ones are skipped for runs without them).
-    Returns:
-        ``out``.
-    """
-    from tqdm.auto import tqdm
-
-    bad = [k for k in partition_by if k not in ("model", "run_id", "family")]
-    if bad:
-        raise TrajscopeError(f"Cannot partition by {bad}: choose among model, run_id, family.")
-    out = pathlib.Path(out)
+def _write_run(run: pathlib.Path | Trajectory, root: pathlib.Path, partition_by: Sequence[str],
+               tables: Sequence[str], used: dict[str, int]) -> list[pathlib.Path]:
+    """Write one run's tables under ``root``; returns the files written. A run that cannot be read raises
+    :class:`TrajscopeError` naming the run and why, after removing the files it had written."""
+    written: list[pathlib.Path] = []
+    table = "meta.json"
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise TrajscopeError(f"Cannot export to '{out}': {exc.strerror or exc}.") from None
-    for run in tqdm(_run_dirs(runs), desc="export", unit="run", disable=not progress):
         meta = run.meta if isinstance(run, Trajectory) else _meta(run)
-        keys = {"model": meta["model"]["model_id"], "run_id": meta["run_id"], "family": meta["model"]["family"]}
+        try:
+            keys = {"model": meta["model"]["model_id"], "run_id": meta["run_id"], "family": meta["model"]["family"]}
+        except (KeyError, TypeError) as exc:
+            raise TrajscopeError(f"Run directory '{run}' has a meta.json without {exc} (not a trajscope run's "
+                                 "meta.json).") from exc
         sub = "/".join(f"{k}={_safe(str(keys[k]))}" for k in partition_by)
+        part = f"part-{used.get(sub, 0)}.parquet"
         for table in tables:
             if isinstance(run, Trajectory):
                 df = getattr(run, table)
@@ -115,11 +109,94 @@ def export(runs: Iterable[str | os.PathLike | Trajectory], out: str | os.PathLik
                         raise TrajscopeError(f"Run directory '{run}' is incomplete: {src.name} is missing.")
                     continue
                 lf = pl.scan_parquet(src)
-            target = out / table / sub
+            target = root / table / sub
             target.mkdir(parents=True, exist_ok=True)
             drop = [k for k in partition_by if k in lf.collect_schema().names()]
-            lf.drop(drop).sink_parquet(target / "part-0.parquet", metadata=parquet_metadata(table))
+            lf.drop(drop).sink_parquet(target / part, metadata=parquet_metadata(table))
+            written.append(target / part)
+    except TrajscopeError:
+        _remove(written)
+        raise
+    except OSError:
+        _remove(written)
+        raise  # writing failed: export() says so for the dataset
+    except (pl.exceptions.PolarsError, ValueError) as exc:
+        _remove(written)
+        raise TrajscopeError(f"Run directory '{run}' is corrupt: its {table}.parquet is unreadable "
+                             f"({first_sentence(exc)}).") from exc
+    used[sub] = used.get(sub, 0) + 1
+    return written
+
+
+def _remove(files: Sequence[pathlib.Path]) -> None:
+    for f in files:
+        f.unlink(missing_ok=True)
+
+
+def export(runs: Iterable[str | os.PathLike | Trajectory], out: str | os.PathLike,
+           partition_by: Sequence[str] = ("model", "run_id"), tables: Sequence[str] = ALL_TABLES,
+           progress: bool = True, on_skip: Callable[[Any, str], None] | None = None) -> pathlib.Path:
+    """Write many runs as one Hive-partitioned Parquet dataset per table, atomically.
+
+    The dataset is built in a temporary folder beside ``out`` (``.<name>.XXXX``). When every run is
+    written, a new ``out`` is that folder renamed; an existing ``out`` (an earlier export) receives the
+    new partition files one by one (``os.replace``), keeping the partitions of other runs. When a run
+    cannot be read the temporary folder is removed: no partial dataset remains, and ``out`` is as it was.
+
+    Args:
+        runs: run directories (or Trajectories).
+        out: dataset root; ``out/<table>/<key>=<value>/.../part-<n>.parquet`` (n counts runs sharing the keys).
+        partition_by: keys among ``model`` (the model id), ``run_id``, ``family``.
+        tables: which tables to export (optional ones are skipped for runs without them).
+        on_skip: when given, a run that cannot be read is left out (its files removed) and
+            ``on_skip(run, reason)`` is called, instead of failing the export.
+    Returns:
+        ``out``.
+    Raises:
+        TrajscopeError: one sentence naming the first unreadable run and why (without ``on_skip``), or
+        why ``out`` cannot be written.
+    """
+    from tqdm.auto import tqdm
+
+    bad = [k for k in partition_by if k not in ("model", "run_id", "family")]
+    if bad:
+        raise TrajscopeError(f"Cannot partition by {bad}: choose among model, run_id, family.")
+    out = pathlib.Path(out)
+    todo = _run_dirs(runs)
+    if out.exists() and not out.is_dir():
+        raise TrajscopeError(f"Cannot export to '{out}': it is a file.")
+    fresh = not out.exists() or not any(out.iterdir())
+    try:
+        with (atomic_dir(out) if fresh else _staging(out)) as root:
+            n_ok, used = 0, {}
+            for run in tqdm(todo, desc="export", unit="run", disable=not progress):
+                try:
+                    _write_run(run, root, partition_by, tables, used)
+                    n_ok += 1
+                except TrajscopeError as exc:
+                    if on_skip is None:
+                        raise
+                    on_skip(run, str(exc))
+            if not n_ok:
+                raise TrajscopeError("Nothing to export: every run was left out as unreadable.")
+    except OSError as exc:
+        raise TrajscopeError(f"Cannot export to '{out}': {exc.strerror or exc}.") from exc
     return out
+
+
+@contextlib.contextmanager
+def _staging(out: pathlib.Path):
+    """A temporary folder beside an existing dataset ``out``; on success its files move into ``out``."""
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
+        honour_umask(tmp)
+        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            dest = out / f.relative_to(tmp)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(f, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def scan(out: str | os.PathLike, table: str) -> pl.LazyFrame:

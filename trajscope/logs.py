@@ -59,5 +59,6 @@ def failure_sentence(what: str, exc: BaseException, log: logging.Logger) -> str:
     """Log ``exc`` with its traceback under a new error id; return the one sentence a user sees."""
     err = error_id()
     log.error("%s failed [error %s]", what, err, exc_info=(type(exc), exc, exc.__traceback__))
-    first = (str(exc).splitlines() or [""])[0][:200]
-    return f"{what} failed: {type(exc).__name__}: {first} (error {err}; the log has the details)."
+    from trajscope.errors import first_sentence
+
+    return f"{what} failed: {type(exc).__name__}: {first_sentence(exc, 200)} (error {err}; the log has the details)."

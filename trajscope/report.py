@@ -353,7 +353,8 @@ def compare(runs: Sequence[Trajectory | str | os.PathLike], skip_bad: bool = Fal
             paths.append(str(r))
         except TrajscopeError as exc:
             if not skip_bad:
-                raise TrajscopeError(f"Cannot report on '{r}': {exc} (use --skip-bad to leave it out).") from None
+                raise TrajscopeError(f"Cannot report on '{r}': {str(exc).rstrip('.')} (use --skip-bad to leave it "
+                                     "out).") from exc
             skipped.append((str(r), str(exc)))
     if isinstance(profile, (str, os.PathLike)):
         from trajscope.profile import ReferenceProfile

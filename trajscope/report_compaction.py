@@ -30,6 +30,7 @@ import pathlib
 import polars as pl
 
 from trajscope.errors import TrajscopeError
+from trajscope.interval_text import format_interval
 from trajscope.stats import cluster_bootstrap
 
 TITLE = "Context compaction: masking vs restart"
@@ -43,11 +44,7 @@ NOTE = ("Sessions <code>&lt;sys&gt; &lt;T1&gt; &lt;T2&gt; &lt;summary&gt; &lt;T3
 
 
 def _fmt(e, lo, hi, digits: int = 3) -> str:
-    if e is None:
-        return "—"
-    if lo is None or hi is None or lo != lo or hi != hi:
-        return f"{e:.{digits}f}"
-    return f"{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return format_interval(e, lo, hi, digits)
 
 
 def _table(header: list[str], rows: list[list[str]], cls: str = "compaction") -> str:
@@ -253,7 +250,8 @@ def section(study_dir: str | pathlib.Path) -> tuple[str, str, list]:
                      + _table(["x vs ref", "KL", "top-1 agrees", "n sessions"], rows))
     fd = first_divergence(t["decode"])
     if fd:
-        rows = [[SETUP_NAMES[r["setup"]], r["diverged"].fmt(), r["depth"].fmt(2), str(r["n"])] for r in fd]
+        rows = [[SETUP_NAMES[r["setup"]], r["diverged"].fmt(unit="session"), r["depth"].fmt(2, unit="session"),
+                 str(r["n"])] for r in fd]
         parts.append(f"<h3>Greedy continuation ({fd[0]['n_new']} tokens after T3) vs C's</h3>"
                      + _table(["setup", "share of sessions that diverge", f"first divergence (index; {fd[0]['n_new']} "
                                "= never)", "n sessions"], rows))

@@ -23,7 +23,7 @@ from typing import Sequence
 import polars as pl
 
 from trajscope.errors import TrajscopeError
-from trajscope.metrics.bands import DEPTH_ORDER, depth_band_expr
+from trajscope.metrics.bands import depth_band_expr, sort_bands
 
 EVICTION_DIR = "eviction"
 MAX_LINES = 12
@@ -90,10 +90,8 @@ def eviction_tables(runs: Sequence, paths: Sequence[str | None]) -> dict[str, pl
     by_depth = (by_step.with_columns(band).group_by(*keys, "depth_band")
                 .agg(pl.col("recall_at_k", "evicted_mass", "kl_to_full").mean(),
                      pl.col("token_agrees").cast(pl.Float64).mean().alias("token_agreement"),
-                     pl.len().alias("n_steps"))
-                .with_columns(pl.col("depth_band").replace_strict(
-                    {b: i for i, b in enumerate(DEPTH_ORDER)}, default=len(DEPTH_ORDER)).alias("_o"))
-                .sort(*keys, "_o").drop("_o"))
+                     pl.len().alias("n_steps")))
+    by_depth = sort_bands(by_depth, *keys, "depth_band")
     return {"eviction_by_depth": by_depth, "eviction_by_step": by_step}
 
 

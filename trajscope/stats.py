@@ -39,6 +39,7 @@ import numpy as np
 import polars as pl
 
 from trajscope.errors import TrajscopeError
+from trajscope.interval_text import format_interval
 
 __all__ = ["Interval", "NullSummary", "cluster_bootstrap", "bootstrap_frame", "matched_null", "split_ids",
            "calibrate_max", "false_alarm_rate", "binomial_interval"]
@@ -62,9 +63,10 @@ class Interval:
     n_clusters: int
     n_boot: int
 
-    def fmt(self, digits: int = 3) -> str:
-        """``"0.123 [0.101, 0.150]"`` with ``digits`` decimals."""
-        return f"{self.estimate:.{digits}f} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
+    def fmt(self, digits: int = 3, unit: str = "prompt") -> str:
+        """``"0.123 [0.101, 0.150]"`` with ``digits`` decimals; ``"0.123 (one prompt: no interval)"`` from one
+        cluster (:func:`format_interval`)."""
+        return format_interval(self.estimate, self.lo, self.hi, digits, n_clusters=self.n_clusters, unit=unit)
 
     def __str__(self) -> str:
         return self.fmt(3)

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from trajscope.errors import TrajscopeError
+from trajscope.errors import TrajscopeError, first_sentence
 
 MODES = ("add", "clamp")
 
@@ -129,25 +129,35 @@ class SteeringVector:
         if path.suffix == ".npy":
             try:
                 direction = torch.from_numpy(np.load(path, allow_pickle=False).astype(np.float32))
-            except ValueError as exc:
-                raise TrajscopeError(f"'{path}' is not a plain numeric .npy array ({exc}).") from None
+            except (ValueError, OSError, EOFError) as exc:
+                raise TrajscopeError(f"'{path}' is not a plain numeric .npy array ({first_sentence(exc)}).") from exc
         elif path.suffix == ".safetensors":
             from safetensors import safe_open
 
-            with safe_open(str(path), framework="pt") as fh:
-                keys = list(fh.keys())
-                key = "direction" if "direction" in keys else (keys[0] if len(keys) == 1 else None)
-                if key is None:
-                    raise TrajscopeError(f"'{path}' holds tensors {keys}; expected one named 'direction'.")
-                direction = fh.get_tensor(key)
-                meta = fh.metadata() or {}
-            for k, conv in (("layer", int), ("strength", float), ("start_step", int), ("mode", str), ("name", str)):
-                if k in meta:
+            from safetensors import SafetensorError
+
+            try:
+                with safe_open(str(path), framework="pt") as fh:
+                    keys = list(fh.keys())
+                    key = "direction" if "direction" in keys else (keys[0] if len(keys) == 1 else None)
+                    if key is None:
+                        raise TrajscopeError(f"'{path}' holds tensors {keys}; expected one named 'direction'.")
+                    direction = fh.get_tensor(key)
+                    meta = fh.metadata() or {}
+            except (SafetensorError, OSError) as exc:
+                raise TrajscopeError(f"'{path}' is not a readable safetensors file ({first_sentence(exc)}).") from exc
+            for k, conv in (("layer", int), ("strength", float), ("start_step", int), ("end_step", int),
+                            ("mode", str), ("name", str)):
+                if meta.get(k) in (None, "None"):
+                    continue
+                try:
                     stored[k] = conv(meta[k])
-            if meta.get("end_step") not in (None, "None"):
-                stored["end_step"] = int(meta["end_step"])
+                except ValueError as exc:
+                    raise TrajscopeError(f"'{path}' stores {k}={meta[k]!r} in its metadata, which is not "
+                                         f"{'a whole number' if conv is int else 'a number'}.") from exc
         else:
-            raise TrajscopeError(f"Steering vectors load from .safetensors or .npy files, not '{path.suffix}'.")
+            raise TrajscopeError(f"Cannot read '{path}': steering vectors load from .safetensors or .npy files, "
+                                 f"not '{path.suffix}'.")
         if direction.dim() != 1:
             raise TrajscopeError(f"'{path}' holds a tensor of shape {tuple(direction.shape)}; a steering direction is 1-D.")
         if layer is not None:
@@ -155,7 +165,13 @@ class SteeringVector:
         stored.update(kwargs)
         if "layer" not in stored:
             raise TrajscopeError(f"'{path}' does not say which layer to steer; pass layer=.")
-        return cls(direction=direction, **stored)
+        if not direction.is_floating_point():
+            raise TrajscopeError(f"'{path}' holds a tensor of dtype {str(direction.dtype).removeprefix('torch.')}; a "
+                                 "steering direction is a float vector.")
+        try:
+            return cls(direction=direction, **stored)
+        except TrajscopeError as exc:
+            raise TrajscopeError(f"'{path}' does not hold a usable direction ({str(exc).rstrip('.')}).") from exc
 
     # -- sources ------------------------------------------------------------------------
     @classmethod

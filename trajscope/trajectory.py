@@ -31,8 +31,6 @@ import json
 import os
 import pathlib
 import platform
-import shutil
-import tempfile
 from typing import Any
 
 import polars as pl
@@ -40,6 +38,7 @@ import torch
 
 from trajscope import positions
 from trajscope.errors import TrajscopeError
+from trajscope.io import atomic_dir
 
 SCHEMA_VERSION = 2  # 2: tokens.produced_at_step; step is always the query step
 TABLES = ("tokens", "attention", "activations")
@@ -152,34 +151,22 @@ class Trajectory:
 
     # -- run directory IO -------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> pathlib.Path:
-        """Write the run directory atomically (temporary directory, then rename). Returns the path."""
+        """Write the run directory atomically (temporary directory, then rename: :func:`trajscope.io.atomic_dir`).
+        Returns the path."""
         path = pathlib.Path(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        except OSError as exc:
-            raise TrajscopeError(f"Cannot write the run to '{path}': {exc.strerror or exc}.") from None
-        try:
-            meta = dict(self.meta, schema_version=SCHEMA_VERSION, tables=self.table_names(),
-                        tensors=sorted(self.tensors))
-            for name in self.table_names():
-                getattr(self, name).write_parquet(tmp / f"{name}.parquet", metadata=parquet_metadata(name))
-            if self.tensors:
-                from safetensors.torch import save_file
+            with atomic_dir(path) as tmp:
+                meta = dict(self.meta, schema_version=SCHEMA_VERSION, tables=self.table_names(),
+                            tensors=sorted(self.tensors))
+                for name in self.table_names():
+                    getattr(self, name).write_parquet(tmp / f"{name}.parquet", metadata=parquet_metadata(name))
+                if self.tensors:
+                    from safetensors.torch import save_file
 
-                save_file({k: v.contiguous().cpu() for k, v in self.tensors.items()}, str(tmp / TENSOR_FILE))
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-            old = None
-            if path.exists():
-                old = path.with_name(f".{path.name}.old-{os.getpid()}")
-                path.rename(old)
-            _honour_umask(tmp)
-            tmp.rename(path)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+                    save_file({k: v.contiguous().cpu() for k, v in self.tensors.items()}, str(tmp / TENSOR_FILE))
+                (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise TrajscopeError(f"Cannot write the run to '{path}': {exc.strerror or exc}.") from None
+            raise TrajscopeError(f"Cannot write the run to '{path}': {exc.strerror or exc}.") from exc
         return path
 
     def to_parquet(self, directory: str | os.PathLike) -> pathlib.Path:
@@ -246,15 +233,6 @@ class Trajectory:
             tables["tokens"] = upgrade_tokens_v1(tables["tokens"], int(meta["prompt_len"]))
             meta["schema_version"] = SCHEMA_VERSION
         return cls(meta=meta, tensors=tensors, **tables)
-
-
-def _honour_umask(directory: pathlib.Path) -> None:
-    """Give a finished run directory the permissions of ordinary new files (mkdtemp makes it 0700)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    directory.chmod(0o777 & ~mask)
-    for f in directory.iterdir():
-        f.chmod(0o666 & ~mask)
 
 
 def upgrade_tokens_v1(tokens: pl.DataFrame, prompt_len: int) -> pl.DataFrame:

@@ -138,7 +138,7 @@ def test_unwritable_directory_keeps_labels_in_memory(tmp_path, monkeypatch):
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("trajscope.sae.index.tempfile.mkstemp", refuse)  # what a read-only directory does
+    monkeypatch.setattr("trajscope.io.tempfile.mkstemp", refuse)  # what a read-only directory does
     assert labels.set(2, "only in memory") is False
     assert "not writable" in labels.problem and str(sae_dir) in labels.problem
     assert labels.get(2) == "only in memory" and labels.get(1) == "kept on disk"

@@ -16,7 +16,8 @@ PROMPTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n", "import os\ni
 
 def test_full_budget_reproduces_the_full_run(tiny_models):
     res = eviction(tiny_models["llama"], PROMPTS[:1], budgets=[1.0], max_new_tokens=6, window=4, lookahead=3)
-    assert res.rerun["token_agrees"].all() and res.rerun["kl_to_full"].abs().max() < 1e-6
+    assert res.rerun["token_agrees"].all() and res.rerun["forced_agrees"].all()
+    assert res.rerun["kl_to_full"].abs().max() < 1e-6
     assert res.steps["recall_at_k"].min() == 1.0 and res.steps["evicted_mass"].abs().max() < 1e-6
     assert set(res.kept["policy"]) == set(ev.POLICIES)
     assert first_divergence(res.rerun)["first_divergence"].null_count() == len(ev.POLICIES)
@@ -32,12 +33,28 @@ def test_tables_and_small_budgets_cost_something(tiny_models, tmp_path):
     assert n_steps.n_unique() == 1 and n_steps[0] == 8
     assert res.steps["evicted_mass"].max() > 0 and res.rerun["kl_to_full"].max() > 0
     summ = res.summary()
-    assert {"recall_at_k", "evicted_mass", "kl_to_full", "token_agreement"} <= set(summ.columns)
+    assert {"recall_at_k", "evicted_mass", "kl_to_full", "token_agreement", "forced_agreement"} <= set(summ.columns)
+    _forced_agreement_is_per_step(tiny_models["qwen2"], res)
     out = res.save(tmp_path / "ev")
     from trajscope.export import read_table
 
     for name in ("eviction_kept", "eviction_steps", "eviction_rerun"):
         assert read_table(out / f"{name}.parquet").height > 0
+
+
+def _forced_agreement_is_per_step(model, res):
+    """Teacher-forced agreement = the masked forward's greedy token on the full run's context equals the full
+    run's own (captured) token; after a free-running divergence it still scores each step on its own."""
+    traj = ts.capture(model, PROMPTS[0], max_new_tokens=8, stop_at_eos=False, attention_layers="all")
+    P, ids = traj.prompt_len, traj.token_ids
+    prefill = torch.stack([ev.split_rows(traj.attention_rows(layer), P)[0] for layer in range(model.n_layers)])
+    sel = ev.select("snapkv", prefill, 0.2, window=4)  # as the study chose it for prompt 0
+    masked = model.forward(ids[:-1], prompt_len=P, key_mask=ev.key_mask(sel, len(ids))).logits
+    rr = res.rerun.filter((pl.col("run_id") == "0") & (pl.col("policy") == "snapkv") & (pl.col("budget") == 0.2))
+    assert rr["forced_agrees"].to_list() == (masked[P - 1:].argmax(-1) == torch.tensor(ids[P:])).tolist()
+    after = res.rerun.join(first_divergence(res.rerun), on=["run_id", "policy", "budget"]).filter(
+        pl.col("step") > pl.col("first_divergence"))
+    assert after["forced_agrees"].mean() > after["token_agrees"].mean()
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -27,7 +27,7 @@ import sys
 from trajscope import report_studies
 from trajscope.cli import capture, drift, sae, steer, studies
 from trajscope.studies import flags as registered_studies
-from trajscope.errors import TrajscopeError
+from trajscope.errors import TrajscopeError, first_sentence
 
 GROUPS = (capture, steer, drift, sae, studies, registered_studies, report_studies)
 
@@ -53,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         _traceback(args, exc)
         return 2
     except Exception as exc:  # not bad input: say what failed in one sentence; --debug has the rest
-        first = (str(exc).splitlines() or [""])[0][:200]
-        print(f"trajscope: {args.command} failed unexpectedly: {type(exc).__name__}: {first}"
+        print(f"trajscope: {args.command} failed unexpectedly: {type(exc).__name__}: {first_sentence(exc, 200)}"
               f"{'' if args.debug else ' (run with --debug for the traceback)'}.", file=sys.stderr)
         _traceback(args, exc)
         return 1

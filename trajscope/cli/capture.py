@@ -5,8 +5,16 @@
 directory per prompt under ``--out`` (``--batch-size N`` decodes N prompts together, padded on
 ``--padding-side``: :mod:`trajscope.capture.batch`; names made safe: a prompt id such as
 ``a/b:c`` becomes ``a_b_c``; the id itself stays in ``meta.json``), so the folder
-reads as one dataset (``pl.scan_parquet("OUT/*/attention.parquet")``). A progress
+reads as one dataset (``pl.scan_parquet("OUT/*/attention.parquet")``). Two ids that
+become the same name (``a/b:c`` and ``a_b_c``) both survive: the second gets a suffix
+(``a_b_c-2``) and a one-line note says so (:func:`~trajscope.cli.options.RunNames`). A progress
 bar follows the decode steps; Ctrl-C saves the steps captured so far and stops.
+
+``report`` and ``export`` take run directories or folders of them, searched recursively
+(:func:`trajscope.io.find_runs`): ``trajscope export runs --out ds`` exports every run
+under ``runs/``. ``export`` is atomic (:func:`trajscope.export.export`): a corrupt run
+stops it with one sentence and leaves no partial dataset, or, with ``--skip-bad``, is
+left out and named.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     model = opt.load(args)
     if args.batch_size != 1:
         return _capture_batched(args, items, config, model, out)
+    names = opt.RunNames(out)
     interrupted = False
     outer = tqdm(items, desc="prompts", unit="prompt", disable=len(items) == 1 or args.quiet)
     for i, item in enumerate(outer):
@@ -51,7 +60,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
                            run_id=str(item["id"]) if item.get("id") is not None else None)
         finally:
             bar.close()
-        path = traj.save(out / opt.run_dir_name(traj.run_id))
+        path = traj.save(names.path(traj.run_id))
         print(f"{path}  ({traj.meta['n_generated']} tokens, stop: {traj.meta['stop_reason']})", file=sys.stderr)
         if traj.meta["stop_reason"] == "interrupted":
             interrupted = True
@@ -73,6 +82,7 @@ def _capture_batched(args: argparse.Namespace, items: list[dict], config, model,
         raise TrajscopeError("A batched capture shares one max_new_tokens and seed; remove them from the prompt "
                              "file or use --batch-size 1.")
     n = args.batch_size
+    names = opt.RunNames(out)
     bar = tqdm(total=len(items), desc="prompts", unit="prompt", disable=args.quiet)
     try:
         for start in range(0, len(items), n):
@@ -81,7 +91,7 @@ def _capture_batched(args: argparse.Namespace, items: list[dict], config, model,
                                   padding_side=args.padding_side,
                                   run_ids=[str(it["id"]) if it.get("id") is not None else None for it in group])
             for traj in trajs:
-                path = traj.save(out / opt.run_dir_name(traj.run_id))
+                path = traj.save(names.path(traj.run_id))
                 print(f"{path}  ({traj.meta['n_generated']} tokens, stop: {traj.meta['stop_reason']})", file=sys.stderr)
             bar.update(len(group))
     except KeyboardInterrupt:
@@ -108,9 +118,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from trajscope.io import find_runs
     from trajscope.report import compare
 
-    comp = compare(args.runs, skip_bad=args.skip_bad, profile=args.profile)
+    comp = compare(find_runs(args.runs), skip_bad=args.skip_bad, profile=args.profile)
     if args.profile and "drift_by_depth" not in comp.tables():
         print("note: --profile adds the drift section only for runs that kept residuals "
               "(capture them with --residual-layers all); none of these did.", file=sys.stderr)
@@ -123,24 +134,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from trajscope.export import export
+    from trajscope.io import find_runs
 
-    runs, skipped = list(args.runs), []
-    if args.skip_bad:
-        from trajscope.trajectory import Trajectory
-
-        good = []
-        for r in runs:
-            try:
-                Trajectory.load(r, lazy=True)
-                good.append(r)
-            except TrajscopeError as exc:
-                skipped.append((r, str(exc)))
-        runs = good
+    runs, skipped = find_runs(args.runs), []
+    on_skip = (lambda run, reason: skipped.append((run, reason))) if args.skip_bad else None
+    out = export(runs, args.out, partition_by=tuple(args.partition_by.split(",")), progress=not args.quiet,
+                 on_skip=on_skip)
     for run, reason in skipped:
         print(f"left out {run}: {reason}", file=sys.stderr)
-    out = export(runs, args.out, partition_by=tuple(args.partition_by.split(",")), progress=not args.quiet)
     keys = "/".join(k + "=..." for k in args.partition_by.split(","))
-    print(f"{out}/<table>/{keys}/part-0.parquet  ({opt.plural(len(runs), 'run')})", file=sys.stderr)
+    print(f"{out}/<table>/{keys}/part-N.parquet  ({opt.plural(len(runs) - len(skipped), 'run')})", file=sys.stderr)
     return 0
 
 
@@ -171,7 +174,8 @@ def register(sub) -> None:
     r = opt.command(sub, "report", "standalone HTML comparison report of run directories",
                     "Compare runs (the first is the reference) in one offline HTML file plus its Parquet tables.",
                     "trajscope report runs/base/* runs/steered/* -o report.html")
-    r.add_argument("runs", nargs="+", help="run directories (the first is the reference)")
+    r.add_argument("runs", nargs="+", help="run directories, or folders searched below for them (the first run "
+                   "is the reference)")
     r.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
     r.add_argument("--skip-bad", action="store_true", help="leave unreadable runs out (named in the report)")
     r.add_argument("--profile", default=None, help="prefill profile: adds drift by layer x depth for runs that "
@@ -180,7 +184,7 @@ def register(sub) -> None:
     e = opt.command(sub, "export", "Hive-partitioned Parquet dataset of many runs",
                     "Write the tables of many run directories as one schema-versioned Parquet dataset.",
                     "trajscope export runs/* --out dataset/")
-    e.add_argument("runs", nargs="+", help="run directories")
+    e.add_argument("runs", nargs="+", help="run directories, or folders searched below for them")
     opt.add_out(e, "dataset root")
     e.add_argument("--partition-by", default="model,run_id", help="keys among model, run_id, family")
     e.add_argument("--skip-bad", action="store_true", help="leave unreadable runs out (named on stderr)")

@@ -11,9 +11,11 @@ defaults shown in ``--help``, an example) and adds the option groups it needs
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import re
+import sys
 from typing import Any
 
 from trajscope.errors import TrajscopeError
@@ -165,6 +167,51 @@ def run_dir_name(run_id: str) -> str:
     """A run directory name for ``run_id``: path separators, colons and other unsafe characters become ``_``."""
     name = re.sub(r"[^A-Za-z0-9._+-]+", "_", str(run_id)).strip("._")
     return name or "run"
+
+
+class RunNames:
+    """Run directory paths under ``out`` for one capture command, so that no run overwrites another.
+
+    A run id's folder is :func:`run_dir_name` of it. When that folder is already taken, by an earlier run of
+    this command or by a run on disk with a *different* run id (``a/b:c`` and ``a_b_c`` both become
+    ``a_b_c``), the run gets the first free ``NAME-2``, ``NAME-3``, … and one line on stderr says so. A
+    folder on disk holding the *same* run id is replaced (capturing a prompt file again refreshes its
+    runs); a folder that is not a readable run is never replaced.
+    """
+
+    def __init__(self, out: pathlib.Path):
+        self.out = pathlib.Path(out)
+        self.taken: dict[str, str] = {}  # folder name -> run id, this command's runs
+
+    def _holder(self, name: str) -> str | None:
+        """The run id that holds folder ``name`` (this command's or on disk; ``""`` when unreadable)."""
+        if name in self.taken:
+            return self.taken[name]
+        folder = self.out / name
+        if not folder.exists():
+            return None
+        try:
+            return str(json.loads((folder / "meta.json").read_text())["run_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""
+
+    def path(self, run_id: str) -> pathlib.Path:
+        """The folder for ``run_id`` (noted on stderr when it needed a suffix)."""
+        base = run_dir_name(run_id)
+        name, n = base, 1
+        while True:
+            holder = self._holder(name)
+            if holder is None or (holder == run_id and name not in self.taken):
+                break
+            n += 1
+            name = f"{base}-{n}"
+        if name != base:
+            other = self._holder(base)
+            who = f"run id {other!r}" if other else "a folder that is not a readable run"
+            print(f"note: run id {run_id!r} would be saved as '{base}', which {who} already holds; "
+                  f"saved as '{name}'.", file=sys.stderr)
+        self.taken[name] = run_id
+        return self.out / name
 
 
 def plural(n: int, word: str) -> str:

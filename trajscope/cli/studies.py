@@ -91,12 +91,15 @@ def _write(res, out) -> int:
     """Save the tables and ``summary.parquet`` under ``out``; print the summary."""
     import polars as pl
 
+    from trajscope.interval_text import interval_columns
+
     res.save(out)
     summary = res.summary()
     write_table(summary, out / "summary.parquet", "eviction_summary")
-    shown = summary.select("policy", "budget", "depth_band", "n_prompts", *[
-        pl.format("{} [{}, {}]", *[pl.col(c).round(3) for c in (m, f"{m}_lo", f"{m}_hi")]).alias(m)
-        for m in ("recall_at_k", "evicted_mass", "kl_to_full", "token_agreement") if m in summary.columns])
+    metrics = [m for m in ("recall_at_k", "evicted_mass", "kl_to_full", "token_agreement", "forced_agreement")
+               if m in summary.columns]
+    shown = interval_columns(summary, metrics, "n_prompts").select("policy", "budget", "depth_band", "n_prompts",
+                                                                    *metrics)
     with pl.Config(tbl_rows=200, tbl_cols=-1, fmt_str_lengths=40, tbl_width_chars=240, tbl_hide_dataframe_shape=True):
         print("mean [95% prompt-clustered bootstrap interval] by policy, budget and decode-depth band")
         print(shown)

@@ -8,11 +8,16 @@ Position bins cut the absolute token position at 32, 64, 128 and 256: ``0-31``,
 ``32-63``, ``64-127``, ``128-255``, ``256+``; a report compares prefill and decode
 rows inside the same bin, so depth is not read as a position effect.
 Scalar functions label one value; the ``*_expr`` versions label a Polars column.
+
+Labels are text, and text sorts ``1-4, 17-64, 5-16``. Every table sorts bands by
+their order key instead: :func:`band_rank` (the label's index in its order),
+:func:`sort_bands` (sort a frame by keys, band columns by rank).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import polars as pl
 
@@ -23,6 +28,31 @@ DEPTH_ORDER = ("prefill",) + tuple(f"{lo}-{hi}" if hi is not None else f"{lo}+" 
 POSITION_BINS = ((0, 31), (32, 63), (64, 127), (128, 255), (256, None))
 POSITION_ORDER = tuple(f"{lo}-{hi}" if hi is not None else f"{lo}+" for lo, hi in POSITION_BINS)
 ENTROPY_ORDER = tuple(f"{lo:g}-{hi:g}" for lo, hi in zip((0.0, *ENTROPY_EDGES), ENTROPY_EDGES)) + (f"{ENTROPY_EDGES[-1]:g}+",)
+
+
+BAND_ORDERS = {"depth_band": DEPTH_ORDER, "entropy_band": ENTROPY_ORDER, "pos_bin": POSITION_ORDER,
+               "position_bin": POSITION_ORDER}
+
+
+def band_rank(column: str, order: Sequence[str] | None = None) -> pl.Expr:
+    """The order key of a band column: the label's index in its order (``prefill`` 0, ``1-4`` 1, …).
+
+    Args:
+        column: a band column (``depth_band``, ``entropy_band``, ``pos_bin``, ``position_bin``), or any
+            column when ``order`` is given.
+        order: its labels in order (default: :data:`BAND_ORDERS` of ``column``).
+    Returns:
+        An Int32 expression named ``column``; labels outside the order rank last, nulls stay null.
+    """
+    order = tuple(order if order is not None else BAND_ORDERS[column])
+    return pl.col(column).replace_strict({g: i for i, g in enumerate(order)}, default=len(order),
+                                         return_dtype=pl.Int32)
+
+
+def sort_bands(df: pl.DataFrame, *by: str, orders: dict[str, Sequence[str]] | None = None) -> pl.DataFrame:
+    """``df`` sorted by the ``by`` columns, band columns (and those in ``orders``) by :func:`band_rank`."""
+    known = {**BAND_ORDERS, **(orders or {})}
+    return df.sort([band_rank(c, known[c]) if c in known else pl.col(c) for c in by])
 
 
 def depth_band(step: int | None) -> str | None:

@@ -35,7 +35,8 @@ import polars as pl
 import torch
 
 from trajscope import positions
-from trajscope.metrics.bands import POSITION_ORDER, depth_band_expr, entropy_band_expr, position_bin, position_bin_expr
+from trajscope.metrics.bands import (POSITION_ORDER, depth_band_expr, entropy_band_expr, position_bin,
+                                     position_bin_expr, sort_bands)
 from trajscope.profile import ReferenceProfile
 from trajscope.stats import binomial_interval, bootstrap_frame, calibrate_max, false_alarm_rate
 
@@ -89,19 +90,9 @@ def regime_rows(profile: ReferenceProfile, prompt_id: str, regime: str, resid: d
 
 
 def _order(df: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
-    """Sort by regime / bins in their natural order, then the other keys."""
-    from trajscope.metrics.bands import DEPTH_ORDER, ENTROPY_ORDER
-
-    orders = {"regime": REGIMES, "pos_bin": POS_ORDER, "depth_band": DEPTH_ORDER, "entropy_band": ENTROPY_ORDER}
-    keys = []
-    for c in by:
-        if c in orders:
-            df = df.with_columns(pl.col(c).replace_strict({g: i for i, g in enumerate(orders[c])}, default=99,
-                                                          return_dtype=pl.Int32).alias(f"_{c}"))
-            keys.append(f"_{c}")
-        else:
-            keys.append(c)
-    return df.sort(keys).drop([k for k in keys if k.startswith("_")])
+    """Sort by regime / bins in their natural order (:func:`~trajscope.metrics.bands.sort_bands`), other keys
+    as they are."""
+    return sort_bands(df, *by, orders={"regime": REGIMES, "pos_bin": POS_ORDER})
 
 
 def _with_counts(out: pl.DataFrame, df: pl.DataFrame, by: list[str]) -> pl.DataFrame:

@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from trajscope.metrics.bands import DEPTH_ORDER, ENTROPY_ORDER, depth_band_expr, entropy_band_expr
+from trajscope.metrics.bands import depth_band_expr, entropy_band_expr, sort_bands
 from trajscope.profile import SCALAR_STATS, ReferenceProfile, position_stats
 
 
@@ -117,7 +117,4 @@ def profile_drift_by_group(trajs: Sequence, profile: ReferenceProfile, by: str =
                         "top_dims_kl": top.values.tolist()})
     kl_df = pl.DataFrame(kl_rows, schema={by: pl.String, "layer": pl.Int16, "kl_sum": pl.Float64,
                                           "top_dims": pl.List(pl.Int64), "top_dims_kl": pl.List(pl.Float64)})
-    order = list(DEPTH_ORDER) if by == "depth_band" else list(ENTROPY_ORDER)
-    return (agg.join(kl_df, on=[by, "layer"], how="left")
-            .with_columns(pl.col(by).replace_strict({g: i for i, g in enumerate(order)}, default=99).alias("_o"))
-            .sort("_o", "layer").drop("_o"))
+    return sort_bands(agg.join(kl_df, on=[by, "layer"], how="left"), by, "layer")

@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import tempfile
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -35,6 +34,7 @@ import torch
 
 from trajscope import positions
 from trajscope.errors import TrajscopeError
+from trajscope.io import atomic_file, atomic_write_text
 from trajscope.trajectory import write_table
 
 EXAMPLES_FILE = "feature_index.parquet"
@@ -92,11 +92,8 @@ class FeatureIndex:
         """Write the three files into ``directory`` (each atomically); returns the directory."""
         d = pathlib.Path(directory)
         for df, name in ((self.examples, EXAMPLES_FILE), (self.density, DENSITY_FILE)):
-            fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-            os.close(fd)
-            write_table(df, tmp, table=pathlib.Path(name).stem)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, d / name)
+            with atomic_file(d / name) as tmp:
+                write_table(df, tmp, table=pathlib.Path(name).stem)
         atomic_write_text(d / INFO_FILE, json.dumps(self.info, indent=1))
         return d
 
@@ -108,19 +105,6 @@ class FeatureIndex:
             return None
         info = json.loads((d / INFO_FILE).read_text(encoding="utf-8")) if (d / INFO_FILE).is_file() else {}
         return cls(pl.read_parquet(d / EXAMPLES_FILE), pl.read_parquet(d / DENSITY_FILE), info)
-
-
-def atomic_write_text(path: pathlib.Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def density_table(active: torch.Tensor, is_decode: np.ndarray) -> pl.DataFrame:

@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import tempfile
 from typing import Any
 
 import torch
 
 from trajscope.errors import TrajscopeError
+from trajscope.io import atomic_file, atomic_write_text
 from trajscope.sae.config import DTYPES, SAEConfig
 
 CFG_FILENAME = "cfg.json"
@@ -156,14 +156,7 @@ def save_sae(sae: Any, path: str | os.PathLike) -> pathlib.Path:
     p = pathlib.Path(path)
     p.mkdir(parents=True, exist_ok=True)
     state = {name: getattr(sae, name).detach().to("cpu").contiguous() for name in ("W_enc", "W_dec", "b_enc", "b_dec")}
-    fd, tmp = tempfile.mkstemp(dir=p, suffix=".tmp")
-    os.close(fd)
-    save_file(state, tmp)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, p / WEIGHTS_FILENAME)
-    fd, tmp = tempfile.mkstemp(dir=p, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(config_to_saelens(sae.cfg), fh, indent=1)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, p / CFG_FILENAME)
+    with atomic_file(p / WEIGHTS_FILENAME) as tmp:
+        save_file(state, str(tmp))
+    atomic_write_text(p / CFG_FILENAME, json.dumps(config_to_saelens(sae.cfg), indent=1))
     return p

@@ -16,7 +16,7 @@ import json
 import os
 import pathlib
 
-from trajscope.sae.index import atomic_write_text
+from trajscope.io import atomic_write_text
 
 LABELS_FILE = "labels.json"
 

@@ -14,13 +14,24 @@ For every prompt, :func:`eviction`:
    rows: what the model actually looked at);
 4. re-runs decode with the evicted prompt keys masked out of attention for every decode query
    (the model boundary's key mask — the real model, not a re-implementation): teacher-forced on
-   the full run's tokens, the per-step KL(p_full ‖ p_masked) of the next-token distribution; and
-   free-running greedy, whether each step's token agrees with the full run's and the first step
-   where it does not.
+   the full run's tokens, the per-step KL(p_full ‖ p_masked) of the next-token distribution and
+   ``forced_agrees``; and free-running greedy, ``token_agrees`` and the first step where it fails.
+
+Two token agreements, because they answer two questions:
+
+- ``token_agrees`` (free-running): the masked model decodes on its own; does its token at step s
+  equal the full run's? After the first divergence the two continuations have different
+  contexts, so later steps mostly disagree whatever the cache keeps: the mean is dominated by
+  *when* the first divergence happens. Read it with :func:`first_divergence`.
+- ``forced_agrees`` (teacher-forced): both caches see the full run's tokens; does the masked
+  cache's greedy choice at step s equal the full cache's? Every step is scored on the same
+  context, so one divergence does not spill into later steps: the share of steps whose greedy
+  token the eviction changes.
 
 Tables (schema-stamped Parquet when saved): ``eviction_kept`` (run_id, policy, budget, layer,
 head, kept_pos), ``eviction_steps`` (run_id, policy, budget, step, layer, head, recall_at_k,
-evicted_mass) and ``eviction_rerun`` (run_id, policy, budget, step, kl_to_full, token_agrees).
+evicted_mass) and ``eviction_rerun`` (run_id, policy, budget, step, kl_to_full, token_agrees,
+forced_agrees).
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from trajscope import positions
 from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
 from trajscope.metrics import eviction as ev
-from trajscope.metrics.bands import depth_band_expr
+from trajscope.metrics.bands import depth_band_expr, sort_bands
 from trajscope.trajectory import write_table
 
 TABLES = ("eviction_kept", "eviction_steps", "eviction_rerun")
@@ -52,9 +63,10 @@ class EvictionResult:
     settings: dict
 
     def summary(self, level: float = 0.95, n_boot: int = 500) -> pl.DataFrame:
-        """Per policy, budget and decode-depth band: mean recall@k, evicted mass, KL to the full run and
-        greedy token agreement, each with a prompt-clustered bootstrap interval (:mod:`trajscope.stats`;
-        columns ``{metric}_lo`` / ``{metric}_hi``) and ``n_prompts``."""
+        """Per policy, budget and decode-depth band: mean recall@k, evicted mass, KL to the full run, greedy
+        token agreement free-running (``token_agreement``) and teacher-forced (``forced_agreement``; module
+        docstring), each with a prompt-clustered bootstrap interval (:mod:`trajscope.stats`; columns
+        ``{metric}_lo`` / ``{metric}_hi``) and ``n_prompts``."""
         from trajscope.stats import bootstrap_frame
 
         keys = ["policy", "budget", "depth_band"]
@@ -66,10 +78,14 @@ class EvictionResult:
         if self.rerun.height:
             rr = self.rerun.filter(pl.col("step") >= 1).with_columns(
                 band, pl.col("token_agrees").cast(pl.Float64).alias("token_agreement"))
-            for metric in ("kl_to_full", "token_agreement"):
+            metrics = ["kl_to_full", "token_agreement"]
+            if "forced_agrees" in rr.columns:  # tables saved before it was added lack it
+                rr = rr.with_columns(pl.col("forced_agrees").cast(pl.Float64).alias("forced_agreement"))
+                metrics.append("forced_agreement")
+            for metric in metrics:
                 out = out.join(bootstrap_frame(rr, metric, keys, "run_id", level=level, n_boot=n_boot)
                                .drop("n", "n_clusters"), on=keys, how="left")
-        return out.rename({"n_clusters": "n_prompts", "n": "n_rows"}).sort(keys)
+        return sort_bands(out.rename({"n_clusters": "n_prompts", "n": "n_rows"}), *keys)
 
     def save(self, out: str | pathlib.Path) -> pathlib.Path:
         """Write ``eviction_kept``, ``eviction_steps`` and ``eviction_rerun`` Parquet files under ``out``."""
@@ -110,18 +126,20 @@ def _query_rows(model, traj, policy: str, m: int, window: int, seed: int) -> tor
 
 
 def _rerun(model, traj, sel: ev.Selection, full_logits: torch.Tensor, run_id: str) -> pl.DataFrame:
-    """Per step: KL(full ‖ masked) teacher-forced on the full run's tokens, and free-running token agreement."""
+    """Per step: KL(full ‖ masked) and greedy agreement teacher-forced on the full run's tokens, and free-running
+    token agreement (module docstring)."""
     P, ids = traj.prompt_len, traj.token_ids
     n_new = len(ids) - P
     mask = ev.key_mask(sel, len(ids))
     masked = model.forward(ids[:-1], prompt_len=P, key_mask=mask).logits
     lp_full, lp_masked = full_logits[P - 1:].log_softmax(-1), masked[P - 1:].log_softmax(-1)
     kl = (lp_full.exp() * (lp_full - lp_masked)).sum(-1).clamp_min(0.0)
+    forced = (lp_full.argmax(-1) == lp_masked.argmax(-1))[:n_new].tolist()
     free = model.masked_decode(ids[:P], n_new, mask)
     agree = [free[positions.produced_pos(s, P)] == ids[positions.produced_pos(s, P)] for s in range(n_new)]
     return pl.DataFrame({"run_id": [run_id] * n_new, "policy": [sel.policy] * n_new,
                          "budget": [float(sel.budget)] * n_new, "step": list(range(n_new)),
-                         "kl_to_full": kl[:n_new].double().tolist(), "token_agrees": agree},
+                         "kl_to_full": kl[:n_new].double().tolist(), "token_agrees": agree, "forced_agrees": forced},
                         schema_overrides={"step": pl.Int32})
 
 
@@ -187,7 +205,7 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
                 "window": window, "lookahead": lookahead, "k": k, "per_head": per_head, "n_prompts": len(items),
                 "model": model.describe()}
     empty = pl.DataFrame(schema={"run_id": pl.String, "policy": pl.String, "budget": pl.Float64, "step": pl.Int32,
-                                 "kl_to_full": pl.Float64, "token_agrees": pl.Boolean})
+                                 "kl_to_full": pl.Float64, "token_agrees": pl.Boolean, "forced_agrees": pl.Boolean})
     return EvictionResult(pl.concat(kept), st.select(lead + [c for c in st.columns if c not in lead]),
                           pl.concat(reruns) if reruns else empty, settings)
 

@@ -165,6 +165,8 @@ def print_summaries(result: Any) -> None:
     """Print the Result's ``*_summary`` tables: grouping columns and the headline numbers."""
     import polars as pl
 
+    from trajscope.interval_text import interval_columns
+
     keep = ("rel_l2_mean", "rel_l2_mean_lo", "rel_l2_mean_hi", "rel_l2_max", "floor_rel_l2", "frac_above_floor",
             "frac_greedy_diverged", "share_never_produced", "n_positions", "n_reused", "value", "lo", "hi",
             "seed_min", "seed_max")
@@ -174,5 +176,7 @@ def print_summaries(result: Any) -> None:
             df = result.tables[key]
             cols = [c for c in df.columns if df.schema[c] in (pl.String, pl.Int16, pl.Int32) or c in keep]
             cols = [c for c in cols if c not in ("device", "dtype", "padding_side")] or cols
+            merged = interval_columns(df.rename({"lo": "value_lo", "hi": "value_hi"}, strict=False),
+                                      ["rel_l2_mean", "value"], "n_prompts")  # "0.1 [lo, hi]", or why none
             print(f"{key}:")
-            print(df.select(cols))
+            print(merged.select(c for c in cols if c in merged.columns))

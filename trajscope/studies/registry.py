@@ -82,7 +82,7 @@ class Result:
         Each table's schema metadata names it ``<family>_<table>`` (``family`` empty: ``<table>``).
         """
         from trajscope.studies.common import write_table
-        from trajscope.sae.index import atomic_write_text
+        from trajscope.io import atomic_write_text
 
         d = pathlib.Path(out)
         paths = [write_table(df, d / f"{name}.parquet", f"{family}_{name}" if family else name) for name, df in self.tables.items()]

@@ -14,12 +14,12 @@ Every value is drawn at x = the step that computed it (:mod:`trajscope.positions
 
 from __future__ import annotations
 
-import math
 
 import holoviews as hv
 import polars as pl
 
 from trajscope import positions
+from trajscope.interval_text import format_interval
 from trajscope.studies.eviction import EvictionResult, first_divergence
 from trajscope.ui.plots import visible
 
@@ -131,11 +131,7 @@ def rerun_plot(res: EvictionResult, tokens: pl.DataFrame | None, prompt_len: int
 
 
 def _fmt(v, lo=None, hi=None) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "—"
-    if lo is None or hi is None or any(isinstance(x, float) and math.isnan(x) for x in (lo, hi)):
-        return f"{v:.3f}"
-    return f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
+    return format_interval(v, lo, hi)  # the summary sentence says "one prompt" itself
 
 
 def summary_line(res: EvictionResult, prompt_len: int) -> str:

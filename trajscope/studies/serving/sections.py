@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import polars as pl
 
+from trajscope.interval_text import format_interval
 from trajscope.studies.registry import Result
 
 INTERVAL_NOTE = ("Intervals: 95 % percentile bootstrap over prompts (each prompt's mean first; "
@@ -45,9 +46,9 @@ def num(v: Any, digits: int = 3) -> str:
     return html.escape(str(v))
 
 
-def ci(v: Any, lo: Any, hi: Any) -> str:
-    """``value [lo, hi]``."""
-    return f"{num(v)} [{num(lo)}, {num(hi)}]"
+def ci(v: Any, lo: Any, hi: Any, n_clusters: int | None = None) -> str:
+    """``value [lo, hi]`` (:func:`trajscope.interval_text.format_interval`, numbers written by :func:`num`)."""
+    return format_interval(v, lo, hi, n_clusters=n_clusters, number=num)
 
 
 def table(df: pl.DataFrame, cols: Sequence[str] | None = None, ci_of: Sequence[str] = ()) -> str:
@@ -56,7 +57,8 @@ def table(df: pl.DataFrame, cols: Sequence[str] | None = None, ci_of: Sequence[s
     head = "".join(f"<th>{html.escape(c + (' [95% CI]' if c in ci_of else ''))}</th>" for c in cols)
     rows = []
     for r in df.iter_rows(named=True):
-        cells = (ci(r[c], r.get(f"{c}_lo"), r.get(f"{c}_hi")) if c in ci_of else num(r[c]) for c in cols)
+        cells = (ci(r[c], r.get(f"{c}_lo"), r.get(f"{c}_hi"), r.get("n_prompts")) if c in ci_of else num(r[c])
+                 for c in cols)
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return f"<div class='scroll'><table><tr>{head}</tr>{''.join(rows)}</table></div>"
 
@@ -198,7 +200,7 @@ def prefix_cache_section(result: Result) -> tuple[str, str, list]:
                              f"{long['reused'].max()} tokens.")
             + f"<p><b>Coverage:</b> {overall['n_reused']:,} of {overall['n_positions']:,} positions "
               f"({num(overall['share_never_produced'])}) are never computed, so a cache-heavy harvest has no rows "
-              f"there; per prompt {ci(iv.estimate, iv.lo, iv.hi)} (n = {iv.n_clusters} prompts).</p>"
+              f"there; per prompt {ci(iv.estimate, iv.lo, iv.hi, iv.n_clusters)} (n = {iv.n_clusters} prompts).</p>"
             + table(cov, ["by", "group", "n_positions", "n_reused", "share_never_produced"])
             + "<h3>Continuation on the cached prefix vs a full recompute</h3>" + _vs_floor(summ)
             + table(summ.sort("layer"), SUMMARY_COLS, ci_of=["rel_l2_mean"]))
