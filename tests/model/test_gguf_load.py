@@ -112,3 +112,49 @@ def test_available_models_lists_what_resolves(monkeypatch, tmp_path):
 def test_gguf_refuses_remote():
     with pytest.raises(ts.TrajscopeError, match="runs locally only"):
         ts.load_model("smollm2", remote=True)
+
+
+# -- the success path, on a tiny Llama written as GGUF ------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_dirs, tmp_path_factory) -> pathlib.Path:
+    from tiny_gguf import write_tiny_gguf
+
+    return write_tiny_gguf(tiny_dirs["llama"], tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf")
+
+
+def test_gguf_is_dequantised_once_and_reproduces_the_model(tiny_gguf, tiny_dirs, cache, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = ts.load_model(str(tiny_gguf), progress=False)
+    entry = gguf_cache.entry_dir(tiny_gguf)
+    assert pathlib.Path(m.source_path) == entry and _leftovers(cache) == [entry.name]
+    record = gguf_cache.read_record(entry)
+    assert record["sha256"] == gguf_cache.file_sha256(tiny_gguf) and record["architecture"] == "llama"
+    assert record["size"] == tiny_gguf.stat().st_size and entry.name.endswith(record["sha256"][:16])
+    ref = AutoModelForCausalLM.from_pretrained(tiny_dirs["llama"], dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 17, 300, 42, 9, 1000]])
+    with torch.no_grad():
+        want, got = ref(ids).logits, m.torch_module()(ids).logits
+    assert torch.equal(got[..., : want.shape[-1]], want)  # float32 weights: bit-identical
+    assert m.tokenizer.chat_template and m.tokenizer.eos_token == "<|im_end|>"
+
+    def no_second_dequantisation(*a, **k):
+        raise AssertionError("a cache hit must not dequantise")
+
+    monkeypatch.setattr(gguf_cache, "_dequantise", no_second_dequantisation)
+    again = ts.load_model(str(tiny_gguf), progress=False)
+    assert again.source_path == m.source_path and _leftovers(cache) == [entry.name]
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_failed_write_leaves_nothing(tiny_gguf, cache, monkeypatch, failure):
+    def fail(*a, **k):
+        raise failure
+
+    monkeypatch.setattr(gguf_cache, "_write_record", fail)
+    with pytest.raises(ts.TrajscopeError if isinstance(failure, OSError) else KeyboardInterrupt) as info:
+        ts.load_model(str(tiny_gguf), progress=False)
+    if isinstance(failure, OSError):
+        assert "No space left on device" in str(info.value) and str(info.value).count(". ") == 0
+    assert _leftovers(cache) == []
