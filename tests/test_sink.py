@@ -46,3 +46,13 @@ def test_profile_drift_leaves_the_sink_out(tiny_models):
     full = profile_drift_by_group([traj], prof, by="depth_band", skip_first=False)
     pre = pl.col("depth_band") == "prefill"
     assert (full.filter(pre)["n_positions"] - kept.filter(pre)["n_positions"]).to_list() == [1] * model.n_layers
+
+
+def test_pooled_median_counts_a_sink_vector_that_its_own_median_hides():
+    n = ACT_FIELDS.index("n_massive")
+    x = torch.full((8, 64), 0.5)
+    x[0] = 30.0  # a sink row: every value large, so its own median is large too
+    x[0, 0] = 25_000.0
+    assert residual_stats(x)[0, n] == 0  # 25,000 < 1000 × 30
+    pooled = residual_stats(x, pooled=True)  # layer median 0.5: 25,000 > 500
+    assert pooled[0, n] == 1 and pooled[1:, n].sum() == 0
