@@ -21,6 +21,7 @@ import panel as pn
 import param
 
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import html_text, md_text
 from trajscope.ui import analysis_plots as ap
 from trajscope.ui import openmp
 from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths, skipped_depths
@@ -86,7 +87,7 @@ class DriftView(StateView):
     def _plots(self, drift, message):
         st = self.state
         if drift is None:
-            return pn.pane.Alert(message or "No drift to show.", alert_type="secondary")
+            return pn.pane.Alert(md_text(message or "No drift to show."), alert_type="secondary")
         traj = st.trajectory
         P, texts = traj.prompt_len, traj.tokens["text"].to_list()
         self.cursor = Cursor([vline()], lambda step: [{"location": step}])  # one line on each figure
@@ -246,7 +247,7 @@ class SteeringView(StateView):
         return pn.Column(
             pn.pane.Markdown("A CAA vector (mean residual difference over contrast pairs) is added to one block's "
                              "output from the start step on; tokens before it are identical to the base run."),
-            controls, pn.Row(steer_btn, sweep_btn, stop_btn, busy, pn.pane.Str(s.param.status)),
+            controls, pn.Row(steer_btn, sweep_btn, stop_btn, busy, pn.pane.Str(pn.bind(html_text, s.param.status))),
             pn.bind(self._texts, s.param.base, s.param.steered),
             pn.bind(self._sweep_plots, s.param.sweep_steps, s.param.sweep_summary),
             sizing_mode="stretch_width")

@@ -16,6 +16,7 @@ import time
 import panel as pn
 
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import md_text
 from trajscope.trajectory import Trajectory
 from trajscope.ui.plots import visible
 from trajscope.ui.runner import GenerationJob
@@ -218,7 +219,7 @@ class Controls(StateView):
             gen.disabled, stop.disabled = e.new, not e.new
 
         st.param.watch(busy, "busy")
-        alert = pn.pane.Alert(st.param.error, alert_type="danger", visible=pn.bind(bool, st.param.error),
+        alert = pn.pane.Alert(pn.bind(md_text, st.param.error), alert_type="danger", visible=pn.bind(bool, st.param.error),
                               css_classes=["ts-error"], sizing_mode="stretch_width")
         path = pn.widgets.TextInput.from_param(st.param.run_path, name="Open a saved run directory",
                                                placeholder="e.g. sample_data/runs/demo")
