@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 import polars as pl
 
 from trajscope.errors import TrajscopeError
+from trajscope.safe_paths import inside
 from trajscope.trajectory import OPTIONAL_TABLES, SCHEMA_VERSION, TABLES, Trajectory, parquet_metadata
 
 ALL_TABLES = TABLES + OPTIONAL_TABLES
@@ -110,6 +111,8 @@ def export(runs: Iterable[str | os.PathLike | Trajectory], out: str | os.PathLik
                 lf = df.lazy()
             else:
                 src = run / f"{table}.parquet"
+                if src.exists():
+                    inside(src, run)  # a link out of the run directory is not followed
                 if not src.exists():
                     if table in TABLES:
                         raise TrajscopeError(f"Run directory '{run}' is incomplete: {src.name} is missing.")

@@ -33,6 +33,7 @@ import pathlib
 import threading
 
 from trajscope.errors import TrajscopeError
+from trajscope.safe_paths import check_path_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +94,11 @@ class ServeConfig:
         """
         if not str(text).strip():
             raise TrajscopeError(f"Type the path of the {what}.")
-        p = pathlib.Path(str(text).strip()).expanduser()
-        resolved = p.resolve() if p.is_absolute() else (pathlib.Path.cwd() / p).resolve()
+        p = pathlib.Path(check_path_text(str(text).strip(), what)).expanduser()
+        try:
+            resolved = p.resolve() if p.is_absolute() else (pathlib.Path.cwd() / p).resolve()
+        except (OSError, ValueError, RuntimeError) as exc:  # a link loop, a part too long for this file system
+            raise TrajscopeError(f"The {what} path cannot be resolved ({getattr(exc, 'strerror', None) or exc}).") from None
         if any(resolved == d or d in resolved.parents for d in self.data_dirs):
             return resolved
         allowed = ", ".join(str(d) for d in self.data_dirs)

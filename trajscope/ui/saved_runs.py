@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 
+from trajscope.safe_paths import safe_name
 from trajscope.trajectory import Trajectory
 
 ENV = "TRAJSCOPE_RUNS_DIR"
@@ -25,12 +26,12 @@ def runs_dir() -> pathlib.Path:
 
 
 def save_run(traj: Trajectory, directory: str | os.PathLike | None = None) -> pathlib.Path:
-    """Save ``traj`` as ``<directory>/<run_id>``. Returns the path.
+    """Save ``traj`` as ``<directory>/<run id>`` (the id made a safe name: it never climbs out). Returns the path.
 
     Raises:
         TrajscopeError: the directory cannot be written (the message names it).
     """
-    return traj.save(pathlib.Path(directory or runs_dir()) / traj.run_id)
+    return traj.save(pathlib.Path(directory or runs_dir()) / safe_name(traj.run_id))
 
 
 def list_runs(directory: str | os.PathLike | None = None, limit: int = 50) -> dict[str, str]:
