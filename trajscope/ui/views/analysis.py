@@ -148,7 +148,17 @@ class SteeringView(StateView):
         s.busy, self._cancel = True, threading.Event()
         give_back = openmp.lend(dispatch)  # the UI thread's OpenMP team steps aside while the model runs
 
+        def waiting(n_ahead: int) -> None:
+            dispatch(lambda: setattr(s, "status", f"Waiting for a free generation slot: {n_ahead} ahead."))
+
         def run():
+            from trajscope.ui.runner import QUEUE
+
+            # Steer and each depth sweep are generations too: they take a slot of Generate's queue
+            # (the operator's --max-generations), for their whole run
+            if not QUEUE.wait_turn(self, waiting, self._cancel):
+                dispatch(lambda: (give_back(), self._finish("Stopped while waiting for a free generation slot.")))
+                return
             openmp.set_threads(openmp.page_share())  # as Generate: one core stays with the page
             try:
                 msg = work(dispatch)
@@ -156,6 +166,8 @@ class SteeringView(StateView):
                 msg = str(exc)
             except Exception as exc:  # the view must stay usable
                 msg = f"Steering failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            finally:
+                QUEUE.leave(self)
             dispatch(lambda: (give_back(), self._finish(msg)))
 
         threading.Thread(target=run, name="trajscope-steer", daemon=True).start()

@@ -198,7 +198,8 @@ class Controls(StateView):
                                                   placeholder="only for NDIF remote; never saved")
         key.visible = st.remote
         st.param.watch(lambda e: setattr(key, "visible", e.new), "remote")
-        prompt = pn.widgets.TextAreaInput.from_param(st.param.prompt, name="Prompt", height=90, css_classes=["ts-prompt"])
+        prompt = pn.widgets.TextAreaInput.from_param(st.param.prompt, name="Prompt", height=90, css_classes=["ts-prompt"],
+                                                     max_length=config().max_prompt_chars)  # the server checks it too
         mnt = pn.widgets.IntInput.from_param(st.param.max_new_tokens, name="Max new tokens", width=105)
         temp = pn.widgets.FloatInput.from_param(st.param.temperature, name="Temperature", step=0.1, width=110,
                                           description="0 = greedy (argmax); above 0 samples with the seed.")
