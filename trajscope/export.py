@@ -59,12 +59,16 @@ def _meta(run: pathlib.Path) -> dict:
 
 
 def _run_dirs(runs: Iterable[str | os.PathLike | Trajectory]) -> list:
+    from trajscope.leftovers import is_temporary
+
     out = []
     for r in runs:
         if isinstance(r, Trajectory):
             out.append(r)
             continue
         p = pathlib.Path(r)
+        if is_temporary(p):  # a save's temporary directory (in progress or left over) is never a run
+            continue
         if not (p / "meta.json").exists():
             raise TrajscopeError(f"'{p}' is not a trajscope run directory: it has no meta.json.")
         out.append(p)

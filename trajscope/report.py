@@ -342,8 +342,12 @@ def compare(runs: Sequence[Trajectory | str | os.PathLike], skip_bad: bool = Fal
     Raises:
         TrajscopeError: naming the first unreadable run (unless ``skip_bad``).
     """
+    from trajscope.leftovers import is_temporary
+
     loaded, skipped, paths = [], [], []
     for r in runs:
+        if not isinstance(r, Trajectory) and is_temporary(r):  # a save's temporary directory is never a run
+            continue
         if isinstance(r, Trajectory):
             loaded.append(r)
             paths.append(None)

@@ -153,11 +153,18 @@ class Trajectory:
 
     # -- run directory IO -------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> pathlib.Path:
-        """Write the run directory atomically (temporary directory, then rename). Returns the path."""
+        """Write the run directory atomically (temporary directory, then rename). Returns the path.
+
+        The temporary directory is ``.NAME.tmp-<pid>-…`` beside ``path``; leftovers of interrupted saves
+        in that folder are removed first (:func:`trajscope.leftovers.clean`).
+        """
+        from trajscope import leftovers
+
         path = pathlib.Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+            leftovers.clean(path.parent)
+            tmp = pathlib.Path(tempfile.mkdtemp(prefix=leftovers.temp_prefix(path.name), dir=path.parent))
         except OSError as exc:
             raise TrajscopeError(f"Cannot write the run to '{path}': {exc.strerror or exc}.") from None
         try:

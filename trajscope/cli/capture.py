@@ -124,7 +124,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from trajscope.export import export
 
-    runs, skipped = list(args.runs), []
+    from trajscope.leftovers import is_temporary
+
+    runs, skipped = [r for r in args.runs if not is_temporary(r)], []
     if args.skip_bad:
         from trajscope.trajectory import Trajectory
 
