@@ -31,12 +31,12 @@ import polars as pl
 
 from trajscope import positions
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import html_text
 from trajscope.metrics.attention import TELEMETRY_FIELDS, step_telemetry
 from trajscope.metrics.next_token import step_outputs
 from trajscope.metrics.position_zscore import position_zscore
 from trajscope.report_eviction import NOTE as EVICTION_NOTE, eviction_figures, eviction_html, eviction_tables
 from trajscope.trajectory import Trajectory, parquet_metadata
-from trajscope.escaping import html_text
 
 MAX_ALIGNED_STEPS = 300
 MAX_CURVES = 12  # beyond this many runs, plots show the mean and the 10–90% range across runs

@@ -29,8 +29,8 @@ import pathlib
 import polars as pl
 
 from trajscope.errors import TrajscopeError
-from trajscope.stats import cluster_bootstrap
 from trajscope.escaping import html_text
+from trajscope.stats import cluster_bootstrap
 
 TITLE = "Context compaction: masking vs restart"
 VS_C = ("A_vs_C", "B_vs_C", "D_vs_C")

@@ -22,8 +22,8 @@ from typing import Sequence
 import polars as pl
 
 from trajscope.errors import TrajscopeError
-from trajscope.metrics.bands import DEPTH_ORDER, depth_band_expr
 from trajscope.escaping import html_text
+from trajscope.metrics.bands import DEPTH_ORDER, depth_band_expr
 
 EVICTION_DIR = "eviction"
 MAX_LINES = 12

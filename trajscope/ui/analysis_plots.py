@@ -19,8 +19,8 @@ import numpy as np
 import polars as pl
 
 from trajscope import positions
-from trajscope.ui.plots import CURSOR_COLOR, integer_hover, position_labels, visible
 from trajscope.escaping import html_text
+from trajscope.ui.plots import CURSOR_COLOR, integer_hover, position_labels, visible
 
 LAYER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                 "#bcbd22", "#17becf")

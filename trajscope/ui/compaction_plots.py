@@ -16,8 +16,8 @@ import holoviews as hv
 import holoviews.plotting.bokeh  # noqa: F401  (registers the bokeh backend's plot options)
 import polars as pl
 
-from trajscope.ui.compaction_state import SETUP_LABELS, CardResult
 from trajscope.escaping import html_text
+from trajscope.ui.compaction_state import SETUP_LABELS, CardResult
 
 COLORS = {"A": "#1f77b4", "B": "#ff7f0e", "C": "#2ca02c", "D": "#9467bd"}
 

@@ -22,9 +22,9 @@ import polars as pl
 from bokeh.models import HoverTool
 
 from trajscope import positions
+from trajscope.escaping import html_text
 from trajscope.sae.labels import feature_name
 from trajscope.ui.plots import PREFILL_COLOR
-from trajscope.escaping import html_text
 
 DECODE_START = 0.5  # between step 0 (prefill) and step 1 (the first decode step)
 _VISIBLE = str.maketrans({"\n": "↵", "\t": "→", "\r": "␍"})

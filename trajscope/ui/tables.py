@@ -13,8 +13,8 @@ from __future__ import annotations
 import panel as pn
 import polars as pl
 
-from trajscope.ui.feature_plots import display_table
 from trajscope.escaping import html_text
+from trajscope.ui.feature_plots import display_table
 
 STYLE = (":host table{border-collapse:collapse;font-size:0.85em}"
          ":host td,:host th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"

@@ -15,11 +15,11 @@ import numpy as np
 import panel as pn
 
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import html_text
 from trajscope.ui import plots
 from trajscope.ui.state import MEAN
 from trajscope.ui.views._base import StateView
 from trajscope.ui.views._cursor import Cursor, box
-from trajscope.escaping import html_text
 
 
 def html_table(df) -> str:
