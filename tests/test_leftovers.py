@@ -71,17 +71,19 @@ def test_only_what_no_running_process_can_own_is_removed(tmp_path):
     legacy = tmp_path / ".e.ab12cd34"  # before the pid was in the name: only once it is ten minutes old
     foreign = tmp_path / ".config.abcdefgh"  # someone else's hidden folder: not run files
     git = tmp_path / ".git"
-    for d in (mine, live, gone, old_aside, legacy, foreign, git):
+    elsewhere = tmp_path / f".f.tmp-{dead_pid()}@another.host-x4"  # another machine's save (a shared folder)
+    for d in (mine, live, gone, old_aside, legacy, foreign, git, elsewhere):
         d.mkdir()
     (legacy / "meta.json").write_text("{}")
     (foreign / "settings.ini").write_text("")
     assert sorted(p.name for p in leftovers.clean(tmp_path, now=now)) == [gone.name, old_aside.name]
     assert sorted(p.name for p in leftovers.clean(tmp_path, now=now + leftovers.LEGACY_AGE_S + 1)) == [legacy.name]
     later = leftovers.clean(tmp_path, now=now + leftovers.MAX_AGE_S + 1)  # pids get reused: an hour is the bound
-    assert sorted(p.name for p in later) == [mine.name, live.name]
+    assert sorted(p.name for p in later) == [mine.name, live.name, elsewhere.name]
     assert hidden(tmp_path) == [".config.abcdefgh", ".git"]
 
 
 def test_a_save_names_its_temporary_directory_with_its_pid():
-    assert leftovers.temp_prefix("r").startswith(f".r.tmp-{os.getpid()}-")
-    assert leftovers.is_temporary(f"/x/.r.tmp-{os.getpid()}-abc") and not leftovers.is_temporary("/x/r")
+    assert leftovers.temp_prefix("r").startswith(f".r.tmp-{os.getpid()}@")
+    assert leftovers.is_temporary(f"/x/{leftovers.temp_prefix('r')}abc") and not leftovers.is_temporary("/x/r")
+    assert leftovers.is_temporary(f"/x/{leftovers.aside_name('r')}") and leftovers.is_temporary("/x/.r.old-12")

@@ -179,7 +179,7 @@ class Trajectory:
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
             old = None
             if path.exists():
-                old = path.with_name(f".{path.name}.old-{os.getpid()}")
+                old = path.with_name(leftovers.aside_name(path.name))
                 path.rename(old)
             _honour_umask(tmp)
             tmp.rename(path)
