@@ -34,6 +34,7 @@ import polars as pl
 from trajscope import positions
 from trajscope.errors import TrajscopeError, first_sentence
 from trajscope.io import atomic_dir, honour_umask
+from trajscope.safe_paths import inside
 from trajscope.trajectory import OPTIONAL_TABLES, SCHEMA_VERSION, TABLES, Trajectory, parquet_metadata, upgrade_tokens_v2
 
 ALL_TABLES = TABLES + OPTIONAL_TABLES
@@ -74,12 +75,16 @@ def _meta(run: pathlib.Path) -> dict:
 
 
 def _run_dirs(runs: Iterable[str | os.PathLike | Trajectory]) -> list:
+    from trajscope.leftovers import is_temporary
+
     out = []
     for r in runs:
         if isinstance(r, Trajectory):
             out.append(r)
             continue
         p = pathlib.Path(r)
+        if is_temporary(p):  # a save's temporary directory (in progress or left over) is never a run
+            continue
         if not (p / "meta.json").exists():
             raise TrajscopeError(f"'{p}' is not a trajscope run directory: it has no meta.json.")
         out.append(p)
@@ -111,6 +116,8 @@ def _write_run(run: pathlib.Path | Trajectory, root: pathlib.Path, partition_by:
                 lf = df.lazy()
             else:
                 src = run / f"{table}.parquet"
+                if src.exists():
+                    inside(src, run)  # a link out of the run directory is not followed
                 if not src.exists():
                     if table in TABLES:
                         raise TrajscopeError(f"Run directory '{run}' is incomplete: {src.name} is missing.")

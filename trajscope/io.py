@@ -64,19 +64,26 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_dir(path: str | os.PathLike) -> Iterator[pathlib.Path]:
     """Build a folder at a temporary name beside ``path``, then rename it onto ``path``.
 
+    The temporary folder is named by :func:`trajscope.leftovers.temp_prefix` (its owner's pid and
+    host), and leftovers of interrupted saves in the same folder are removed first
+    (:func:`trajscope.leftovers.clean`).
+
     Yields:
         The temporary folder to fill. On success it replaces ``path`` (an existing ``path`` is moved
         aside, then removed); on any error it is removed and ``path`` is untouched. ``OSError`` from
         creating or renaming propagates.
     """
+    from trajscope import leftovers
+
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    leftovers.clean(path.parent)  # what interrupted saves left beside it, when no live process owns it
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=leftovers.temp_prefix(path.name), dir=path.parent))
     try:
         yield tmp
         old = None
         if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            old = path.with_name(leftovers.aside_name(path.name))
             path.rename(old)
         honour_umask(tmp)
         try:

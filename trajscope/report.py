@@ -23,7 +23,6 @@ sections present depend on what the runs contain:
 
 from __future__ import annotations
 
-import html
 import os
 import pathlib
 from typing import Sequence
@@ -32,6 +31,7 @@ import polars as pl
 
 from trajscope import positions
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import html_text
 from trajscope.metrics.attention import TELEMETRY_FIELDS, step_telemetry
 from trajscope.metrics.next_token import step_outputs
 from trajscope.metrics.position_zscore import position_zscore
@@ -195,10 +195,10 @@ class Comparison:
         for r in aligned.head(MAX_ALIGNED_STEPS).iter_rows():
             ref = r[1]
             cells = "".join(
-                f"<td class='{'diff' if j > 0 and v != ref else ''}'><code>{html.escape(repr(v)[1:-1] if v else '')}</code></td>"
+                f"<td class='{'diff' if j > 0 and v != ref else ''}'><code>{html_text(repr(v)[1:-1] if v else '')}</code></td>"
                 for j, v in enumerate(r[1:]))
             rows.append(f"<tr><td>{r[0]}</td>{cells}</tr>")
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+        head = "".join(f"<th>{html_text(c)}</th>" for c in cols)
         more = (f"<p>First {MAX_ALIGNED_STEPS} of {aligned.height} steps shown; all are in "
                 "tokens_aligned.parquet.</p>") if aligned.height > MAX_ALIGNED_STEPS else ""
         return (f"<div class='scroll'><table><tr><th>produced at step</th>{head}</tr>{''.join(rows)}</table></div>{more}")
@@ -271,11 +271,11 @@ class Comparison:
                             + "".join(by_section[key]))
         if self.skipped:
             body.append("<h2>Runs left out</h2><ul>" + "".join(
-                f"<li><code>{html.escape(p)}</code>: {html.escape(r)}</li>" for p, r in self.skipped) + "</ul>")
-        body.append(f"<p class='note'>Tables: <code>{html.escape(files.name)}/</code> ({', '.join(sorted(tables))}"
+                f"<li><code>{html_text(p)}</code>: {html_text(r)}</li>" for p, r in self.skipped) + "</ul>")
+        body.append(f"<p class='note'>Tables: <code>{html_text(files.name)}/</code> ({', '.join(sorted(tables))}"
                     ".parquet).</p>")
         doc = PAGE.format(resources=_bokeh_js(), script=script, body="\n".join(body),
-                          title=html.escape(f"trajscope report — {len(self.runs)} run{'s' if len(self.runs) != 1 else ''}"))
+                          title=html_text(f"trajscope report — {len(self.runs)} run{'s' if len(self.runs) != 1 else ''}"))
         try:
             path.write_text(doc, encoding="utf-8")
         except OSError as exc:
@@ -326,8 +326,8 @@ def _drift_plots(by_depth: pl.DataFrame, profile) -> list:
 
 
 def _df_html(df: pl.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>" for r in df.iter_rows())
+    head = "".join(f"<th>{html_text(c)}</th>" for c in df.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{html_text(str(v))}</td>" for v in r) + "</tr>" for r in df.iter_rows())
     return f"<div class='scroll'><table><tr>{head}</tr>{rows}</table></div>"
 
 
@@ -342,8 +342,12 @@ def compare(runs: Sequence[Trajectory | str | os.PathLike], skip_bad: bool = Fal
     Raises:
         TrajscopeError: naming the first unreadable run (unless ``skip_bad``).
     """
+    from trajscope.leftovers import is_temporary
+
     loaded, skipped, paths = [], [], []
     for r in runs:
+        if not isinstance(r, Trajectory) and is_temporary(r):  # a save's temporary directory is never a run
+            continue
         if isinstance(r, Trajectory):
             loaded.append(r)
             paths.append(None)

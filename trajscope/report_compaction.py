@@ -23,13 +23,13 @@ the first-divergence depth a session-level :func:`trajscope.stats.cluster_bootst
 
 from __future__ import annotations
 
-import html
 import json
 import pathlib
 
 import polars as pl
 
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import html_text
 from trajscope.interval_text import format_interval
 from trajscope.stats import cluster_bootstrap
 
@@ -48,7 +48,7 @@ def _fmt(e, lo, hi, digits: int = 3) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]], cls: str = "compaction") -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    head = "".join(f"<th>{html_text(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
     return f"<div class='scroll'><table class='{cls}'><tr>{head}</tr>{body}</table></div>"
 
@@ -221,9 +221,9 @@ def section(study_dir: str | pathlib.Path) -> tuple[str, str, list]:
     st, summary = t["settings"], t["summary"]
     model = st.get("model", {})
     parts = [f"<p class='note'>{NOTE}</p>",
-             f"<p class='note'>Model <code>{html.escape(str(model.get('model_id', '?')))}</code> "
-             f"({model.get('n_layers', '?')} layers, {html.escape(str(model.get('attn_implementation', '?')))} "
-             f"attention). {html.escape(_split_text(t['probe'], t['sessions'], st))} Intervals: 95% percentile "
+             f"<p class='note'>Model <code>{html_text(str(model.get('model_id', '?')))}</code> "
+             f"({model.get('n_layers', '?')} layers, {html_text(str(model.get('attn_implementation', '?')))} "
+             f"attention). {html_text(_split_text(t['probe'], t['sessions'], st))} Intervals: 95% percentile "
              "bootstrap over sessions (each session contributes its mean over T3 tokens); probe intervals over "
              "held-out sessions.</p>"]
     if st.get("plant_strength"):
@@ -243,7 +243,7 @@ def section(study_dir: str | pathlib.Path) -> tuple[str, str, list]:
     kl, top1 = _metric(summary, "next_token_kl"), _metric(summary, "next_token_top1_agrees")
     if not kl.is_empty():
         agree = {r["pair"]: r for r in top1.iter_rows(named=True)}
-        rows = [[html.escape(r["pair"].replace("_vs_", " vs ")), _fmt(r["estimate"], r["lo"], r["hi"]),
+        rows = [[html_text(r["pair"].replace("_vs_", " vs ")), _fmt(r["estimate"], r["lo"], r["hi"]),
                  _fmt(agree[r["pair"]]["estimate"], agree[r["pair"]]["lo"], agree[r["pair"]]["hi"])
                  if r["pair"] in agree else "—", str(r["n_sessions"])] for r in kl.iter_rows(named=True)]
         parts.append("<h3>Next-token distribution over T3 (KL(p_ref ‖ p_x), nats)</h3>"
@@ -278,7 +278,7 @@ def section(study_dir: str | pathlib.Path) -> tuple[str, str, list]:
                      f"{ps.get('plant_layer', 0)}, T1 positions)</h3><p class='note'>The same probe on a run where "
                      "the fact is written into T1's residual stream: where it beats the majority baseline under C, "
                      "the machinery can see a fact that is there. "
-                     f"{html.escape(_split_text(planted['probe'], planted['sessions'], ps))}</p>"
+                     f"{html_text(_split_text(planted['probe'], planted['sessions'], ps))}</p>"
                      + _probe_html(planted["probe"], "Planted"))
     else:
         parts.append("<p class='note'>No planted-signal run beside this study (<code>planted/</code>).</p>")

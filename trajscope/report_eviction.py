@@ -15,7 +15,6 @@ the masked re-run's KL to the full cache (teacher-forced) and its greedy token a
 
 from __future__ import annotations
 
-import html
 import os
 import pathlib
 from typing import Sequence
@@ -23,6 +22,7 @@ from typing import Sequence
 import polars as pl
 
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import html_text
 from trajscope.metrics.bands import depth_band_expr, sort_bands
 
 EVICTION_DIR = "eviction"
@@ -135,10 +135,10 @@ def eviction_html(tables: dict[str, pl.DataFrame]) -> str:
     if "eviction_by_depth" not in tables:
         return ""
     df = tables["eviction_by_depth"]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    head = "".join(f"<th>{html_text(c)}</th>" for c in df.columns)
 
     def cell(v) -> str:
-        return "—" if v is None else (f"{v:.4f}" if isinstance(v, float) else html.escape(str(v)))
+        return "—" if v is None else (f"{v:.4f}" if isinstance(v, float) else html_text(str(v)))
 
     rows = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in df.iter_rows())
     return f"<div class='scroll'><table class='eviction'><tr>{head}</tr>{rows}</table></div>"

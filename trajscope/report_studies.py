@@ -18,7 +18,6 @@ so it opens offline: no script, stylesheet or font is fetched. ``trajscope study
 from __future__ import annotations
 
 import argparse
-import html
 import os
 import pathlib
 import sys
@@ -26,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from trajscope import report_compaction
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import html_text
 from trajscope.studies.registry import Result, studies
 
 SectionFn = Callable[[pathlib.Path], tuple[str, str, list]]
@@ -59,7 +59,7 @@ def detect(study_dir: str | os.PathLike) -> list[str]:
 def _page(title: str, resources: str, script: str, body: str) -> str:
     from trajscope.report import PAGE
 
-    return PAGE.format(resources=resources, script=script, body=body, title=html.escape(title))
+    return PAGE.format(resources=resources, script=script, body=body, title=html_text(title))
 
 
 def study_report(dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike) -> pathlib.Path:
@@ -94,15 +94,15 @@ def study_report(dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike)
         try:
             title, body, figs = render[study](d)
         except TrajscopeError as exc:
-            failed.append(f"<li>{html.escape(study)} in <code>{html.escape(str(d))}</code>: {html.escape(str(exc))}</li>")
+            failed.append(f"<li>{html_text(study)} in <code>{html_text(str(d))}</code>: {html_text(str(exc))}</li>")
             continue
-        where = f" — <code>{html.escape(d.name or str(d))}</code>" if len({x for x, _ in found}) > 1 else ""
-        parts.append((f"<h2>{html.escape(title)}{where}</h2>", body, list(figs)))
+        where = f" — <code>{html_text(d.name or str(d))}</code>" if len({x for x, _ in found}) > 1 else ""
+        parts.append((f"<h2>{html_text(title)}{where}</h2>", body, list(figs)))
     figs = [f for _, _, fs in parts for f in fs]
     script, divs = components(figs) if figs else ("", [])
     it = iter(divs)
     body = [f"<p class='note'>Studies: "
-            f"{', '.join(html.escape(s) for _, s in found)}; from {', '.join(html.escape(str(d)) for d in dirs)}.</p>"]
+            f"{', '.join(html_text(s) for _, s in found)}; from {', '.join(html_text(str(d)) for d in dirs)}.</p>"]
     body += [head + text + "".join(next(it) for _ in fs) for head, text, fs in parts]
     if failed:
         body.append("<h2>Sections left out</h2><ul>" + "".join(failed) + "</ul>")

@@ -41,6 +41,7 @@ import torch
 from trajscope import positions
 from trajscope.errors import TrajscopeError
 from trajscope.io import atomic_dir
+from trajscope.safe_paths import check_path_text, inside
 
 SCHEMA_VERSION = 3  # 2: tokens.produced_at_step; step is always the query step. 3: tokens.segment
 READABLE_VERSIONS = (1, 2, 3)  # Trajectory.load upgrades older run directories in memory (upgrade_tokens)
@@ -154,8 +155,8 @@ class Trajectory:
 
     # -- run directory IO -------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> pathlib.Path:
-        """Write the run directory atomically (temporary directory, then rename: :func:`trajscope.io.atomic_dir`).
-        Returns the path."""
+        """Write the run directory atomically (temporary directory, then rename: :func:`trajscope.io.atomic_dir`,
+        which first removes the leftovers of interrupted saves beside it). Returns the path."""
         path = pathlib.Path(path)
         try:
             with atomic_dir(path) as tmp:
@@ -192,22 +193,28 @@ class Trajectory:
                 tensors on disk (for reports over many or very long runs); ``tokens`` is read.
 
         Raises:
-            TrajscopeError: naming the directory and what is missing or unreadable.
+            TrajscopeError: naming the directory and what is missing or unreadable; a file that is a link
+                out of the directory is refused (:func:`trajscope.safe_paths.inside`), never followed.
         """
-        path = pathlib.Path(path)
+        path = pathlib.Path(check_path_text(str(path), "run directory"))
         if not path.is_dir():
             raise TrajscopeError(f"No run directory at '{path}'.")
         meta_file = path / "meta.json"
         if not meta_file.exists():
             raise TrajscopeError(f"'{path}' is not a trajscope run directory: it has no meta.json.")
+        for f in path.iterdir():
+            inside(f, path)
         try:
             meta = json.loads(meta_file.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TrajscopeError(f"Run directory '{path}' has a corrupt meta.json ({exc}).") from None
-        version = meta.get("schema_version")
-        if version not in READABLE_VERSIONS:
+        version = meta.get("schema_version") if isinstance(meta, dict) else None
+        if isinstance(meta, dict) and version not in READABLE_VERSIONS:
             raise TrajscopeError(f"Run directory '{path}' has schema version {version}; this trajscope reads "
                                  f"versions {', '.join(map(str, READABLE_VERSIONS))}.")
+        if not isinstance(meta, dict) or "run_id" not in meta or "prompt_len" not in meta:
+            raise TrajscopeError(f"Run directory '{path}' has a meta.json that is not a run's settings "
+                                 "(a JSON object with run_id and prompt_len).")
         tables = {}
         for name in list(TABLES) + [t for t in OPTIONAL_TABLES if t in meta.get("tables", ())]:
             f = path / f"{name}.parquet"

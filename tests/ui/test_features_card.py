@@ -13,6 +13,7 @@ from bokeh.document import Document
 
 import trajscope as ts
 from trajscope.sae.index import FeatureIndex
+from trajscope.escaping import md_text
 from trajscope.sae.labels import LABELS_FILE
 from trajscope.ui import feature_plots as fp
 from trajscope.ui.state import AppState
@@ -72,7 +73,7 @@ def test_labels_are_saved_beside_the_sae_and_shown_with_every_id(run, sae_copy):
     view.card.label_text = "for-loop header"
     assert json.loads((sae_copy / LABELS_FILE).read_text()) == {str(f): "for-loop header"}
     name = f"f{f} · for-loop header"
-    assert "Saved" in view.card.message and view.card.header(f, 0) == f"### {name}"
+    assert "Saved" in view.card.message and view.card.header(f, 0) == f"### {md_text(name)}"
     assert name in view.chooser.options and view.top_table.value["name"][0] == name
     g = int(view.timeline(view.message).opts.get().kwargs["yticks"][0][1][1:])  # the timeline's first feature
     view.choose(g)
@@ -141,3 +142,17 @@ def test_a_whitespace_token_is_visible_in_its_context():
     ex = pl.DataFrame({"feature": [1], "rank": [0], "value": [2.5], "prompt_id": ["p"], "pos": [3], "step": [0],
                        "phase": ["prefill"], "token": ["    "], "left": [["def f():", "\n"]], "right": [["return"]]})
     assert "<mark title='pos 3'>····</mark>" in fp.contexts_html(ex)
+
+
+def test_a_label_with_markup_is_stored_as_text_and_shown_inert(run, sae_copy):
+    view = view_of(run, sae_copy)
+    f = int(view._top_rows["feature"][0])
+    view.choose(f)
+    payload = '<img src=x onerror=alert(1)> "><b>x</b>'
+    view.card.label_text = payload
+    assert json.loads((sae_copy / LABELS_FILE).read_text()) == {str(f): payload}  # plain text on disk
+    import panel as pn
+
+    header = pn.pane.Markdown(view.card.header(f, view.card.names_version))
+    shown = html.unescape(header._transform_object(header.object)["object"])
+    assert "<img" not in shown and "<b>" not in shown and html.escape(payload) in shown

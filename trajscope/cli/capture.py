@@ -112,16 +112,39 @@ def _capture_batched(args: argparse.Namespace, items: list[dict], config, model,
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import subprocess
+# the operator's options (trajscope/ui/operator.py), passed to the app after ``--args``
+OPERATOR_OPTIONS = ("data_dir", "models", "max_new_tokens", "max_models", "max_generations", "max_sessions",
+                    "max_prompt_chars")
 
+
+def serve_command(args: argparse.Namespace) -> list[str]:
+    """The ``panel serve`` command line of ``trajscope serve``: local address unless told, operator options."""
     app = pathlib.Path(__file__).resolve().parents[2] / "apps" / "trajscope.py"
     if not app.exists():
         raise TrajscopeError(f"The app file is missing: {app}.")
-    cmd = [sys.executable, "-m", "panel", "serve", str(app), "--port", str(args.port)]
-    print(f"serving the app at http://localhost:{args.port}/trajscope (Ctrl-C stops it)", file=sys.stderr)
+    cmd = [sys.executable, "-m", "panel", "serve", str(app), "--address", args.address, "--port", str(args.port)]
+    for origin in args.allow_websocket_origin or ():
+        cmd += ["--allow-websocket-origin", origin]
+    if args.prefix:
+        cmd += ["--prefix", args.prefix]
     if args.show:
         cmd.append("--show")
+    extra = []
+    for name in OPERATOR_OPTIONS:
+        value = getattr(args, name)
+        for v in (value if isinstance(value, list) else [value]) if value is not None else ():
+            extra += [f"--{name.replace('_', '-')}", str(v)]
+    return cmd + (["--args", *extra] if extra else [])
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import subprocess
+
+    cmd = serve_command(args)
+    host = "localhost" if args.address in ("127.0.0.1", "localhost", "::1") else args.address
+    print(f"serving the app at http://{host}:{args.port}{args.prefix or ''}/trajscope (Ctrl-C stops it)",
+          file=sys.stderr)
+    if args.show:
         print("--show asks for a browser; on a machine without a display none opens: open the address above.",
               file=sys.stderr)
     return subprocess.call(cmd)  # (the app file sets the served process's environment: ui/serving_env.py)
@@ -146,7 +169,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from trajscope.export import export
     from trajscope.io import find_runs
 
-    runs, skipped = find_runs(args.runs), []
+    from trajscope.leftovers import is_temporary
+
+    runs, skipped = [r for r in find_runs(args.runs) if not is_temporary(r)], []
     on_skip = (lambda run, reason: skipped.append((run, reason))) if args.skip_bad else None
     out = export(runs, args.out, partition_by=tuple(args.partition_by.split(",")), progress=not args.quiet,
                  on_skip=on_skip)
@@ -182,7 +207,21 @@ def register(sub) -> None:
     s = opt.command(sub, "serve", "serve the app (panel serve apps/trajscope.py)",
                     "Serve the interactive app on this machine.", "trajscope serve --port 5006")
     s.add_argument("--port", type=int, default=5006, help="port to listen on")
+    s.add_argument("--address", default="127.0.0.1", help="address to listen on: this machine only unless you "
+                   "name another (0.0.0.0: every interface; then restrict --allow-websocket-origin)")
+    s.add_argument("--allow-websocket-origin", action="append", default=None, metavar="HOST[:PORT]",
+                   help="host a browser may open the page from (repeatable; default: localhost:PORT only)")
+    s.add_argument("--prefix", default=None, help="URL prefix, behind a reverse proxy (e.g. /trajscope-app)")
     s.add_argument("--show", action="store_true", help="also open a browser (if this machine has one)")
+    s.add_argument("--data-dir", action="append", default=None, metavar="DIR",
+                   help="directory browsers may read (repeatable; default sample_data/ and the runs directory)")
+    s.add_argument("--models", default=None, help="models Generate may load, comma-separated (default: sample)")
+    s.add_argument("--max-new-tokens", type=int, default=None, help="cap on one generation's length (default 1000)")
+    s.add_argument("--max-models", type=int, default=None, help="models kept loaded (default 2)")
+    s.add_argument("--max-generations", type=int, default=None,
+                   help="generations at once, steering and sweeps included (default 1)")
+    s.add_argument("--max-sessions", type=int, default=None, help="open pages (default 20)")
+    s.add_argument("--max-prompt-chars", type=int, default=None, help="characters of a prompt (default 5000)")
     s.set_defaults(func=cmd_serve)
     r = opt.command(sub, "report", "standalone HTML comparison report of run directories",
                     "Compare runs (the first is the reference) in one offline HTML file plus its Parquet tables.",

@@ -13,13 +13,13 @@ across prompts.
 
 from __future__ import annotations
 
-import html
 
 import holoviews as hv
 import numpy as np
 import polars as pl
 
 from trajscope import positions
+from trajscope.escaping import html_text
 from trajscope.ui.plots import CURSOR_COLOR, integer_hover, position_labels, visible
 
 LAYER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -118,8 +118,8 @@ def aligned_continuations(base: pl.DataFrame, steered: pl.DataFrame, prompt_len:
         diverged = diverged or differs
         style = "background:#fde2e2;" if differs else ""
         mark = " ◀ first divergence" if first else (" ◀ steering on" if step == start_step else "")
-        rows.append(f"<tr style='{style}'><td>{step}</td><td><code>{html.escape(visible(bt))}</code></td>"
-                    f"<td><code>{html.escape(visible(st))}</code></td><td>{mark}</td></tr>")
+        rows.append(f"<tr style='{style}'><td>{step}</td><td><code>{html_text(visible(bt))}</code></td>"
+                    f"<td><code>{html_text(visible(st))}</code></td><td>{mark}</td></tr>")
     head = ("<tr><th>step producing it</th><th>base</th><th>steered</th><th></th></tr>")
     return ("<div style='max-height:320px;overflow:auto'><table style='font-size:12px;border-collapse:collapse'>"
             + head + "".join(rows) + "</table></div>")

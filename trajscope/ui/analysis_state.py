@@ -23,6 +23,9 @@ SAMPLE_PROFILE = sample_data_dir() / "profiles" / "trajscope-tiny.safetensors"
 SAMPLE_PAIRS = sample_data_dir() / "prompts" / "quotes_pairs.jsonl"
 
 
+MAX_SWEEP_DEPTHS = 16  # start depths of one sweep: each is one more generation on the server
+
+
 def skipped_depths(text: str, max_new_tokens: int) -> str:
     """A sentence naming the depths of ``text`` that :func:`parse_depths` leaves out ("" when none)."""
     gone = sorted(set(_depths(text)) - set(d for d in _depths(text) if 1 <= d < max_new_tokens))
@@ -49,6 +52,9 @@ def parse_depths(text: str, max_new_tokens: int) -> list[int]:
     kept = [d for d in depths if 1 <= d < max_new_tokens]
     if not kept:
         raise TrajscopeError(f"No depth in '{text}' fits a run of {max_new_tokens} steps (each must be 1..{max_new_tokens - 1}).")
+    if len(kept) > MAX_SWEEP_DEPTHS:
+        raise TrajscopeError(f"A sweep takes at most {MAX_SWEEP_DEPTHS} depths (each is one more generation on the "
+                             f"server); {len(kept)} were given.")
     return kept
 
 

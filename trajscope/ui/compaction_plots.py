@@ -11,12 +11,12 @@
 
 from __future__ import annotations
 
-import html
 
 import holoviews as hv
 import holoviews.plotting.bokeh  # noqa: F401  (registers the bokeh backend's plot options)
 import polars as pl
 
+from trajscope.escaping import html_text
 from trajscope.ui.compaction_state import SETUP_LABELS, CardResult
 
 COLORS = {"A": "#1f77b4", "B": "#ff7f0e", "C": "#2ca02c", "D": "#9467bd"}
@@ -104,11 +104,11 @@ def continuations_html(res: CardResult) -> str:
     for s in ("A", "B", "C", "D"):
         fd = res.first_divergence.get(s)
         tag = ("reference" if s == "C" else ("same as C" if fd is None else f"leaves C's at token {fd}"))
-        text = html.escape(res.continuations.get(s, ""))
+        text = html_text(res.continuations.get(s, ""))
         cells.append(f"<div class='ts-cp-setup ts-cp-{s}' style='flex:1;min-width:180px;border-top:3px solid "
-                     f"{COLORS[s]};padding:4px'><b>{html.escape(SETUP_LABELS[s])}</b><br><small>{tag}</small>"
+                     f"{COLORS[s]};padding:4px'><b>{html_text(SETUP_LABELS[s])}</b><br><small>{tag}</small>"
                      f"<pre style='white-space:pre-wrap;font-size:12px'>{text}</pre></div>")
-    t3 = html.escape(res.session.t3)
-    fact = f"; the fact only T1 states: <code>{html.escape(res.session.fact)}</code>" if res.session.fact else ""
+    t3 = html_text(res.session.t3)
+    fact = f"; the fact only T1 states: <code>{html_text(res.session.fact)}</code>" if res.session.fact else ""
     return (f"<div><small>continuations after T3 <code>{t3}</code> ({res.n_new} greedy tokens){fact}</small>"
             f"<div style='display:flex;gap:8px;flex-wrap:wrap'>{''.join(cells)}</div></div>")

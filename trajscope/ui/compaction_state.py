@@ -161,9 +161,13 @@ class CompactionSettings(param.Parameterized):
         """The session the fields describe (the synthetic one keeps its id, fact and label when unchanged).
 
         Raises:
-            TrajscopeError: an empty segment (one sentence naming it).
+            TrajscopeError: an empty segment, or the session over the server's prompt cap (one sentence).
         """
+        from trajscope.ui.operator import config
+
         texts = {"sys": self.sys, "t1": self.t1, "t2": self.t2, "summary": self.summary_text, "t3": self.t3}
+        for text in texts.values():  # each field, as the page limits it: checked before anything tokenises it
+            config().prompt(text)
         syn = synthetic_sessions(self.seed + 1, seed=0)[self.seed]
         if all(texts[k] == getattr(syn, k) for k in SEGMENTS):
             return syn

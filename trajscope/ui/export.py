@@ -17,6 +17,7 @@ import zipfile
 import polars as pl
 
 from trajscope.errors import TrajscopeError
+from trajscope.safe_paths import safe_name
 from trajscope.trajectory import TABLES, Trajectory, parquet_metadata
 
 FORMATS = ("parquet", "csv")
@@ -50,14 +51,20 @@ def table_bytes(traj: Trajectory, table: str, fmt: str) -> bytes:
 
 
 def run_zip_bytes(traj: Trajectory) -> bytes:
-    """The run directory (meta.json, tables, tensors) as a zip whose top folder is the run id."""
+    """The run directory (meta.json, tables, tensors) as a zip whose top folder is the run id.
+
+    The run id comes from ``meta.json`` (anybody can edit it): the run is written into a fresh temporary
+    directory under :func:`~trajscope.safe_paths.safe_name` of it, and every entry is ``<safe name>/<file>``
+    for the plain files written there, so no entry climbs (``..``), is absolute, or follows a link.
+    """
+    top = safe_name(traj.run_id)
     with tempfile.TemporaryDirectory() as tmp:
-        path = traj.save(pathlib.Path(tmp) / traj.run_id)
+        path = traj.save(pathlib.Path(tmp) / top)
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-            for f in sorted(path.rglob("*")):
-                if f.is_file():
-                    zf.write(f, f"{traj.run_id}/{f.relative_to(path)}")
+            for f in sorted(path.iterdir()):
+                if f.is_file() and not f.is_symlink():
+                    zf.write(f, f"{top}/{safe_name(f.name, 'file')}")
     return buf.getvalue()
 
 

@@ -14,7 +14,6 @@ mapping (``{feature: "f123 · label"}``), so labels appear wherever ids do.
 
 from __future__ import annotations
 
-import html
 from typing import Mapping
 
 import holoviews as hv
@@ -23,6 +22,7 @@ import polars as pl
 from bokeh.models import HoverTool
 
 from trajscope import positions
+from trajscope.escaping import html_text
 from trajscope.sae.labels import feature_name
 from trajscope.ui.plots import PREFILL_COLOR
 
@@ -135,7 +135,7 @@ def density_text(row: Mapping | None, run: Mapping | None = None) -> str:
 
 
 def _tok(text: str) -> str:
-    return html.escape(str(text).translate(_VISIBLE))
+    return html_text(str(text).translate(_VISIBLE))
 
 
 def contexts_html(examples: pl.DataFrame) -> str:
@@ -153,7 +153,7 @@ def contexts_html(examples: pl.DataFrame) -> str:
         ctx = ("".join(_tok(t) for t in r["left"]) + f"<mark title='pos {r['pos']}'>{_tok(r['token']).replace(' ', '·')}</mark>"
                + "<span style='color:#888'>" + "".join(_tok(t) for t in r["right"]) + "</span>")
         body.append(f"<tr><td>{r['rank'] + 1}</td><td>{r['value']:.3g}</td><td>{r['phase']}</td><td>{r['step']}</td>"
-                    f"<td>{html.escape(str(r['prompt_id']))}</td><td style='white-space:pre;font-family:monospace'>"
+                    f"<td>{html_text(str(r['prompt_id']))}</td><td style='white-space:pre;font-family:monospace'>"
                     f"{ctx}</td></tr>")
     return (f"<table class='ts-contexts' style='border-collapse:collapse;font-size:0.85em'><thead><tr>{head}</tr>"
             f"</thead><tbody>{''.join(body)}</tbody></table>")

@@ -14,6 +14,7 @@ option                 environment variable         default
 ``--max-models N``     ``TRAJSCOPE_MAX_MODELS``     2 (loaded models kept, least recently used out)
 ``--max-generations``  ``TRAJSCOPE_MAX_GENERATIONS`` 1 (generations at once; the rest queue, in order)
 ``--max-sessions N``   ``TRAJSCOPE_MAX_SESSIONS``   20 (open pages; more get a "server is full" page)
+``--max-prompt-chars``  ``TRAJSCOPE_MAX_PROMPT_CHARS`` 5000 (characters of a typed prompt)
 =====================  ===========================  =========================================
 
 (``TRAJSCOPE_DATA_DIRS`` separates directories with ``os.pathsep``.) Every path
@@ -22,6 +23,11 @@ a run to compare with — must resolve, after symlinks and ``..``, inside one of
 the data directories, else it is refused with one sentence and nothing is read.
 Models come from the operator's list (plus the one the app was started with,
 which the operator chose). Remote code is never trusted from the browser.
+
+Every limit the page shows is checked here, on the server, before the work it
+bounds: the prompt's length before it is tokenised (:meth:`ServeConfig.prompt`),
+max new tokens, and generations at once — Generate, Steer and every depth sweep
+take a slot of the same queue (:data:`trajscope.ui.runner.QUEUE`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import pathlib
 import threading
 
 from trajscope.errors import TrajscopeError
+from trajscope.safe_paths import check_path_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +52,7 @@ class ServeConfig:
     max_models: int = 2
     max_generations: int = 1
     max_sessions: int = 20
+    max_prompt_chars: int = 5000
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None, env: dict | None = None) -> "ServeConfig":
@@ -64,11 +72,12 @@ class ServeConfig:
         ap.add_argument("--max-models", type=int, default=None)
         ap.add_argument("--max-generations", type=int, default=None)
         ap.add_argument("--max-sessions", type=int, default=None)
+        ap.add_argument("--max-prompt-chars", type=int, default=None)
         try:
             args = ap.parse_args(argv or [])
         except SystemExit:
             raise TrajscopeError(f"Unknown server options {argv}; the options are --data-dir, --models, "
-                                 "--max-new-tokens, --max-models, --max-generations, --max-sessions.") from None
+                                 "--max-new-tokens, --max-models, --max-generations, --max-sessions, --max-prompt-chars.") from None
         dirs = args.data_dir or [d for d in env.get("TRAJSCOPE_DATA_DIRS", "").split(os.pathsep) if d]
         dirs = dirs or [str(sample_data_dir()), str(runs_dir())]
         models = args.models or env.get("TRAJSCOPE_MODELS") or "sample"
@@ -77,13 +86,14 @@ class ServeConfig:
             max_models = args.max_models or int(env.get("TRAJSCOPE_MAX_MODELS") or 2)
             max_gen = args.max_generations or int(env.get("TRAJSCOPE_MAX_GENERATIONS") or 1)
             max_sessions = args.max_sessions or int(env.get("TRAJSCOPE_MAX_SESSIONS") or 20)
+            max_prompt = args.max_prompt_chars or int(env.get("TRAJSCOPE_MAX_PROMPT_CHARS") or 5000)
         except ValueError:
-            raise TrajscopeError("TRAJSCOPE_MAX_NEW_TOKENS, TRAJSCOPE_MAX_MODELS and TRAJSCOPE_MAX_GENERATIONS must be "
-                                 "whole numbers.") from None
+            raise TrajscopeError("TRAJSCOPE_MAX_NEW_TOKENS, TRAJSCOPE_MAX_MODELS, TRAJSCOPE_MAX_GENERATIONS, "
+                                 "TRAJSCOPE_MAX_SESSIONS and TRAJSCOPE_MAX_PROMPT_CHARS must be whole numbers.") from None
         return cls(data_dirs=tuple(pathlib.Path(d).expanduser().resolve() for d in dirs),
                    models=tuple(m.strip() for m in models.split(",") if m.strip()),
                    max_new_tokens=max(1, max_new), max_models=max(1, max_models), max_generations=max(1, max_gen),
-                   max_sessions=max(1, max_sessions))
+                   max_sessions=max(1, max_sessions), max_prompt_chars=max(1, max_prompt))
 
     def path(self, text: str, what: str) -> pathlib.Path:
         """``text`` resolved (symlinks, ``..``) if it lies inside a data directory.
@@ -93,8 +103,11 @@ class ServeConfig:
         """
         if not str(text).strip():
             raise TrajscopeError(f"Type the path of the {what}.")
-        p = pathlib.Path(str(text).strip()).expanduser()
-        resolved = p.resolve() if p.is_absolute() else (pathlib.Path.cwd() / p).resolve()
+        p = pathlib.Path(check_path_text(str(text).strip(), what)).expanduser()
+        try:
+            resolved = p.resolve() if p.is_absolute() else (pathlib.Path.cwd() / p).resolve()
+        except (OSError, ValueError, RuntimeError) as exc:  # a link loop, a part too long for this file system
+            raise TrajscopeError(f"The {what} path cannot be resolved ({getattr(exc, 'strerror', None) or exc}).") from None
         if any(resolved == d or d in resolved.parents for d in self.data_dirs):
             return resolved
         allowed = ", ".join(str(d) for d in self.data_dirs)
@@ -112,6 +125,17 @@ class ServeConfig:
         names = ", ".join(dict.fromkeys((*self.models, *trusted)))
         raise TrajscopeError(f"Model '{source}' is not on this server's list ({names}); the operator adds models "
                              "with --models.")
+
+    def prompt(self, text: str) -> str:
+        """``text`` if it is within the prompt length cap (checked before anything tokenises it).
+
+        Raises:
+            TrajscopeError: longer than ``max_prompt_chars``.
+        """
+        if len(text) > self.max_prompt_chars:
+            raise TrajscopeError(f"The prompt is capped at {self.max_prompt_chars:,} characters on this server "
+                                 f"(it has {len(text):,}).")
+        return text
 
     def new_tokens(self, n: int) -> int:
         """``n`` if within the cap.

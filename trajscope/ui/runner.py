@@ -271,6 +271,10 @@ class GenerationJob:
     def _generate(self) -> None:
         try:
             t0 = time.monotonic()
+            if isinstance(self.prompt, str):  # before the model loads and long before it tokenises
+                from trajscope.ui.operator import config
+
+                config().prompt(self.prompt)
             model = get_model(self.source, self.remote, self._api_key, loader=self.loader)
             self.config = self._config(model)
             if not self.remote:

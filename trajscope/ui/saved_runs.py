@@ -14,7 +14,8 @@ import json
 import os
 import pathlib
 
-from trajscope.trajectory import Trajectory
+from trajscope.safe_paths import safe_name
+from trajscope.trajectory import SCHEMA_VERSION, Trajectory
 
 ENV = "TRAJSCOPE_RUNS_DIR"
 
@@ -25,37 +26,54 @@ def runs_dir() -> pathlib.Path:
 
 
 def save_run(traj: Trajectory, directory: str | os.PathLike | None = None) -> pathlib.Path:
-    """Save ``traj`` as ``<directory>/<run_id>``. Returns the path.
+    """Save ``traj`` as ``<directory>/<run id>`` (the id made a safe name: it never climbs out). Returns the path.
 
     Raises:
         TrajscopeError: the directory cannot be written (the message names it).
     """
-    return traj.save(pathlib.Path(directory or runs_dir()) / traj.run_id)
+    return traj.save(pathlib.Path(directory or runs_dir()) / safe_name(traj.run_id))
 
 
 def list_runs(directory: str | os.PathLike | None = None, limit: int = 50) -> dict[str, str]:
     """``{label: path}`` of the saved runs, newest first (at most ``limit``).
 
     A label reads ``"<directory name> · <n> steps · <prompt start>"`` (the app names a run's directory
-    after its run id). Directories without a readable
-    ``meta.json`` are left out (a half-written or foreign directory never breaks the list).
+    after its run id). A directory whose ``meta.json`` cannot be read as a run's settings is listed too,
+    as ``"<directory name> · not readable: <reason>"``: one bad file never breaks the list (or the page),
+    and choosing it shows the full sentence. Hidden entries (``.NAME.xxxx`` temporary directories of a
+    save in progress or interrupted, see :mod:`trajscope.leftovers`) are never listed.
     """
     root = pathlib.Path(directory or runs_dir())
-    if not root.is_dir():
+    try:
+        entries = list(root.iterdir()) if root.is_dir() else []
+    except OSError:
         return {}
     found = []
-    for d in root.iterdir():
+    for d in entries:
         meta = d / "meta.json"
-        if d.name.startswith(".") or not meta.is_file():
-            continue
         try:
-            m = json.loads(meta.read_text())
-            found.append((meta.stat().st_mtime, d, m))
-        except (OSError, ValueError):
+            if d.name.startswith(".") or not meta.is_file():
+                continue
+            found.append((meta.stat().st_mtime, d, run_label(d)))
+        except OSError:
             continue
-    out = {}
-    for _, d, m in sorted(found, key=lambda t: t[0], reverse=True)[:limit]:
-        prompt = " ".join(str(m.get("prompt", "")).split())[:32]
-        steps = m.get("n_steps", m.get("sampling", {}).get("max_new_tokens", "?"))
-        out[f"{d.name} · {steps} steps · {prompt}"] = str(d)  # directory names are unique; run ids may repeat
-    return out
+    return {label: str(d) for _, d, label in sorted(found, key=lambda t: t[0], reverse=True)[:limit]}
+
+
+def run_label(d: pathlib.Path) -> str:
+    """How the saved-runs list names run directory ``d``; a bad ``meta.json`` gets its one-sentence reason."""
+    try:
+        m = json.loads((d / "meta.json").read_text(encoding="utf-8"))
+    except OSError as exc:
+        return f"{d.name} · not readable: meta.json cannot be read ({exc.strerror or exc})."
+    except ValueError:  # JSON or UTF-8
+        return f"{d.name} · not readable: meta.json is not valid JSON."
+    if not isinstance(m, dict):
+        kind = {list: "list", str: "string", bool: "true/false", type(None): "null"}.get(type(m), "number")
+        return f"{d.name} · not readable: meta.json holds a JSON {kind}, not a run's settings."
+    prompt = " ".join(str(m.get("prompt", "")).split())[:32]
+    sampling = m.get("sampling") if isinstance(m.get("sampling"), dict) else {}
+    steps = str(m.get("n_steps", sampling.get("max_new_tokens", "?")))[:12]
+    version = m.get("schema_version")
+    old = "" if version in (None, SCHEMA_VERSION) else f" · schema {str(version)[:12]}"
+    return f"{d.name} · {steps} steps · {prompt}{old}"  # directory names are unique; run ids may repeat

@@ -213,7 +213,7 @@ class AppState(param.Parameterized):
         attention rows: the "keep full attention rows" layers and the layer shown in the heatmap.
 
         Raises:
-            TrajscopeError: empty prompt, max new tokens < 1, or an unreadable layers field.
+            TrajscopeError: empty prompt, a prompt or max new tokens over the server's caps, or an unreadable layers field.
         """
         if not self.prompt.strip():
             raise TrajscopeError("The prompt is empty; type some text to continue.")
@@ -222,6 +222,7 @@ class AppState(param.Parameterized):
         from trajscope.ui.operator import config
 
         config().new_tokens(int(self.max_new_tokens))
+        config().prompt(self.prompt)  # whatever the page sent: checked before anything tokenises it
         want_res = tuple(sorted({*(self.drift_layers or ()), *(() if self.sae_layer is None else (self.sae_layer,))}))
         config = CaptureConfig(max_new_tokens=int(self.max_new_tokens), temperature=float(self.temperature),
                                seed=int(self.seed), residual_layers=parse_layers(self.keep_residuals, None, "residuals"),

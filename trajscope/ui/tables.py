@@ -9,11 +9,11 @@ the page is served (without it the tab holding one stays blank), and one kept Ch
 
 from __future__ import annotations
 
-import html
 
 import panel as pn
 import polars as pl
 
+from trajscope.escaping import html_text
 from trajscope.ui.feature_plots import display_table
 
 STYLE = (":host table{border-collapse:collapse;font-size:0.85em}"
@@ -24,8 +24,8 @@ STYLE = (":host table{border-collapse:collapse;font-size:0.85em}"
 def frame_html(df: pl.DataFrame, digits: int = 3) -> str:
     """``df`` (any columns, rows in order) as an HTML ``<table>``, every cell escaped."""
     shown = display_table(df, digits)
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in shown.columns)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in shown.iter_rows())
+    head = "".join(f"<th>{html_text(c)}</th>" for c in shown.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{html_text(v)}</td>" for v in row) + "</tr>" for row in shown.iter_rows())
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
 
 

@@ -17,12 +17,12 @@ how many of each.
 
 from __future__ import annotations
 
-import html
 import math
 from typing import Any, Sequence
 
 import polars as pl
 
+from trajscope.escaping import html_text
 from trajscope.interval_text import format_interval
 from trajscope.studies.registry import Result
 
@@ -43,7 +43,7 @@ def num(v: Any, digits: int = 3) -> str:
         return str(v)
     if isinstance(v, float):
         return "0" if v == 0 else f"{v:.{digits}g}"
-    return html.escape(str(v))
+    return html_text(str(v))
 
 
 def ci(v: Any, lo: Any, hi: Any, n_clusters: int | None = None) -> str:
@@ -54,7 +54,7 @@ def ci(v: Any, lo: Any, hi: Any, n_clusters: int | None = None) -> str:
 def table(df: pl.DataFrame, cols: Sequence[str] | None = None, ci_of: Sequence[str] = ()) -> str:
     """An HTML table of ``df``; for each column ``c`` in ``ci_of`` one cell ``c [c_lo, c_hi]``."""
     cols = list(cols or [c for c in df.columns if not c.endswith(("_lo", "_hi"))])
-    head = "".join(f"<th>{html.escape(c + (' [95% CI]' if c in ci_of else ''))}</th>" for c in cols)
+    head = "".join(f"<th>{html_text(c + (' [95% CI]' if c in ci_of else ''))}</th>" for c in cols)
     rows = []
     for r in df.iter_rows(named=True):
         cells = (ci(r[c], r.get(f"{c}_lo"), r.get(f"{c}_hi"), r.get("n_prompts")) if c in ci_of else num(r[c])
@@ -69,8 +69,8 @@ def setup_line(long: pl.DataFrame, extra: str = "") -> str:
         return str(long[c][0]) if c in long.columns and long.height else "?"
 
     n_prompts = long["prompt_id"].n_unique() if "prompt_id" in long.columns else "?"
-    return (f"<p class='note'><b>Setup.</b> dtype {html.escape(first('dtype'))}, device {html.escape(first('device'))}, "
-            f"{html.escape(first('threads'))} CPU thread(s); n = {n_prompts} prompts, {long.height:,} rows "
+    return (f"<p class='note'><b>Setup.</b> dtype {html_text(first('dtype'))}, device {html_text(first('device'))}, "
+            f"{html_text(first('threads'))} CPU thread(s); n = {n_prompts} prompts, {long.height:,} rows "
             f"(prompt × condition × layer × position). {extra} No fitted quantity, so no held-out split: the floor "
             f"is measured on the same prompts. {INTERVAL_NOTE}</p>")
 

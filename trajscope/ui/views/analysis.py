@@ -22,6 +22,7 @@ import panel as pn
 import param
 
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import html_text, md_text
 from trajscope.logs import failure_sentence
 from trajscope.ui import analysis_plots as ap
 from trajscope.ui import openmp
@@ -91,7 +92,7 @@ class DriftView(StateView):
     def _plots(self, drift, message):
         st = self.state
         if drift is None:
-            return pn.pane.Alert(message or "No drift to show.", alert_type="secondary")
+            return pn.pane.Alert(md_text(message or "No drift to show."), alert_type="secondary")
         traj = st.trajectory
         P, texts = traj.prompt_len, traj.tokens["text"].to_list()
         self.cursor = Cursor([vline()], lambda step: [{"location": step}])  # one line on each figure
@@ -152,7 +153,17 @@ class SteeringView(StateView):
         s.busy, self._cancel = True, threading.Event()
         give_back = openmp.lend(dispatch)  # the UI thread's OpenMP team steps aside while the model runs
 
+        def waiting(n_ahead: int) -> None:
+            dispatch(lambda: setattr(s, "status", f"Waiting for a free generation slot: {n_ahead} ahead."))
+
         def run():
+            from trajscope.ui.runner import QUEUE
+
+            # Steer and each depth sweep are generations too: they take a slot of Generate's queue
+            # (the operator's --max-generations), for their whole run
+            if not QUEUE.wait_turn(self, waiting, self._cancel):
+                dispatch(lambda: (give_back(), self._finish("Stopped while waiting for a free generation slot.")))
+                return
             openmp.set_threads(openmp.page_share())  # as Generate: one core stays with the page
             try:
                 msg = work(dispatch)
@@ -160,6 +171,8 @@ class SteeringView(StateView):
                 msg = str(exc)
             except Exception as exc:  # the view must stay usable; the traceback goes to the log
                 msg = failure_sentence("Steering", exc, log)
+            finally:
+                QUEUE.leave(self)
             dispatch(lambda: (give_back(), self._finish(msg)))
 
         threading.Thread(target=run, name="trajscope-steer", daemon=True).start()
@@ -251,7 +264,7 @@ class SteeringView(StateView):
         return pn.Column(
             pn.pane.Markdown("A CAA vector (mean residual difference over contrast pairs) is added to one block's "
                              "output from the start step on; tokens before it are identical to the base run."),
-            controls, pn.Row(steer_btn, sweep_btn, stop_btn, busy, pn.pane.Str(s.param.status)),
+            controls, pn.Row(steer_btn, sweep_btn, stop_btn, busy, pn.pane.Str(pn.bind(html_text, s.param.status))),
             pn.bind(self._texts, s.param.base, s.param.steered),
             pn.bind(self._sweep_plots, s.param.sweep_steps, s.param.sweep_summary),
             sizing_mode="stretch_width")

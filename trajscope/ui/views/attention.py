@@ -9,13 +9,13 @@ and the selected grid cell are Bokeh annotations moved in place (see
 
 from __future__ import annotations
 
-import html
 
 import holoviews as hv
 import numpy as np
 import panel as pn
 
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import html_text
 from trajscope.ui import plots
 from trajscope.ui.state import MEAN
 from trajscope.ui.views._base import StateView
@@ -26,7 +26,7 @@ def html_table(df) -> str:
     """The :func:`~trajscope.ui.plots.top_attended` frame as a small HTML table."""
     rows = "".join(
         f"<tr><td>{r['rank']}</td><td>{r['pos']}</td><td>{r['phase']}</td>"
-        f"<td><code>{html.escape(r['token'] or '')}</code></td><td>{r['weight']:.3f}</td></tr>"
+        f"<td><code>{html_text(r['token'] or '')}</code></td><td>{r['weight']:.3f}</td></tr>"
         for r in df.iter_rows(named=True))
     return ("<table class='ts-top'><thead><tr><th>#</th><th>pos</th><th>phase</th><th>token</th><th>weight</th>"
             f"</tr></thead><tbody>{rows}</tbody></table>")

@@ -19,6 +19,7 @@ import panel as pn
 import param
 
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import html_text, md_text
 from trajscope.ui import compaction_plots as cp
 from trajscope.ui.compaction_state import CompactionSettings, run_session, summary_line
 from trajscope.ui.views._base import StateView, in_background
@@ -89,7 +90,7 @@ class CompactionView(StateView):
         parts = [pn.pane.HTML(cp.continuations_html(result), sizing_mode="stretch_width", css_classes=["ts-cp-cont"]),
                  pn.pane.HoloViews(cp.divergence_plot(result), **opts),
                  pn.pane.HoloViews(cp.attention_plot(result), **opts)]
-        parts.append(pn.pane.HoloViews(probe, **opts) if probe is not None else pn.pane.Markdown(result.probe_note))
+        parts.append(pn.pane.HoloViews(probe, **opts) if probe is not None else pn.pane.Markdown(md_text(result.probe_note)))
         if probe is not None:
             parts.append(pn.pane.Markdown(result.probe_note, styles={"font-size": "12px", "color": "#555"}))
         return pn.Column(*parts, sizing_mode="stretch_width")
@@ -111,6 +112,6 @@ class CompactionView(StateView):
         return pn.Column(
             pn.pane.Markdown(NOTE, styles={"font-size": "12px", "color": "#555"}),
             *fields, pn.Row(n_new, syn, run_btn, busy),
-            pn.pane.Str(s.param.status, css_classes=["ts-cp-status"]),
-            pn.pane.Markdown(s.param.summary, css_classes=["ts-cp-summary"]),
+            pn.pane.Str(pn.bind(html_text, s.param.status), css_classes=["ts-cp-status"]),
+            pn.pane.Markdown(pn.bind(md_text, s.param.summary), css_classes=["ts-cp-summary"]),
             pn.bind(self._plots, s.param.result), sizing_mode="stretch_width")

@@ -16,6 +16,7 @@ import time
 import panel as pn
 
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import md_text
 from trajscope.trajectory import Trajectory
 from trajscope.ui.plots import visible
 from trajscope.ui.runner import GenerationJob
@@ -190,7 +191,8 @@ class Controls(StateView):
                                                   placeholder="only for NDIF remote; never saved")
         key.visible = st.remote
         st.param.watch(lambda e: setattr(key, "visible", e.new), "remote")
-        prompt = pn.widgets.TextAreaInput.from_param(st.param.prompt, name="Prompt", height=90, css_classes=["ts-prompt"])
+        prompt = pn.widgets.TextAreaInput.from_param(st.param.prompt, name="Prompt", height=90, css_classes=["ts-prompt"],
+                                                     max_length=config().max_prompt_chars)  # the server checks it too
         mnt = pn.widgets.IntInput.from_param(st.param.max_new_tokens, name="Max new tokens", width=105)
         temp = pn.widgets.FloatInput.from_param(st.param.temperature, name="Temperature", step=0.1, width=110,
                                           description="0 = greedy (argmax); above 0 samples with the seed.")
@@ -211,7 +213,7 @@ class Controls(StateView):
             gen.disabled, stop.disabled = e.new, not e.new
 
         st.param.watch(busy, "busy")
-        alert = pn.pane.Alert(st.param.error, alert_type="danger", visible=pn.bind(bool, st.param.error),
+        alert = pn.pane.Alert(pn.bind(md_text, st.param.error), alert_type="danger", visible=pn.bind(bool, st.param.error),
                               css_classes=["ts-error"], sizing_mode="stretch_width")
         path = pn.widgets.TextInput.from_param(st.param.run_path, name="Open a saved run directory",
                                                placeholder="e.g. sample_data/runs/demo")

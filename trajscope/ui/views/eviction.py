@@ -18,6 +18,7 @@ from __future__ import annotations
 import panel as pn
 import param
 
+from trajscope.escaping import html_text, md_text
 from trajscope.ui import eviction_plots as ep
 from trajscope.ui.eviction_state import LABELS, EvictionSettings, run_study
 from trajscope.ui.views._base import StateView, in_background
@@ -138,6 +139,6 @@ class EvictionView(StateView):
         return pn.Column(
             pn.pane.Markdown(NOTE, styles={"font-size": "12px", "color": "#555"}),
             pn.Row(policy, budget, window, run_btn, busy),
-            pn.pane.Str(s.param.status, css_classes=["ts-ev-status"]),
-            pn.pane.Markdown(s.param.summary, css_classes=["ts-ev-summary"]),
+            pn.pane.Str(pn.bind(html_text, s.param.status), css_classes=["ts-ev-status"]),
+            pn.pane.Markdown(pn.bind(md_text, s.param.summary), css_classes=["ts-ev-summary"]),
             pn.bind(self._plots, s.param.result), sizing_mode="stretch_width")

@@ -9,6 +9,7 @@ import param
 
 from trajscope.trajectory import TABLES
 from trajscope.errors import TrajscopeError
+from trajscope.safe_paths import safe_name
 from trajscope.ui.export import FORMATS, report_bytes, run_zip_bytes, table_bytes
 from trajscope.ui.views._base import StateView
 
@@ -21,7 +22,7 @@ class ExportView(StateView):
     compare_with = param.String(default="", doc="A second run directory to compare with in the report (optional).")
 
     def _filename(self) -> str:
-        run = self.state.trajectory.run_id if self.state.trajectory is not None else "run"
+        run = safe_name(self.state.trajectory.run_id) if self.state.trajectory is not None else "run"
         return f"{run}-{self.table}.{self.fmt}"
 
     def _table(self):
@@ -59,7 +60,7 @@ class ExportView(StateView):
 
         def rename(*_):
             down.filename = self._filename()
-            zipd.filename = (self.state.trajectory.run_id if self.state.trajectory is not None else "run") + ".zip"
+            zipd.filename = (safe_name(self.state.trajectory.run_id) if self.state.trajectory is not None else "run") + ".zip"
 
         other = pn.widgets.TextInput.from_param(self.param.compare_with, name="Compare with run directory (optional)",
                                                 placeholder="runs/other", width=280)

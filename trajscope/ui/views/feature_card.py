@@ -14,6 +14,7 @@ import panel as pn
 import param
 import polars as pl
 
+from trajscope.escaping import html_text, md_text
 from trajscope.sae.index import FeatureIndex
 from trajscope.sae.labels import FeatureLabels
 from trajscope.ui.feature_plots import contexts_html, density_text
@@ -63,7 +64,7 @@ class FeatureCard(pn.viewable.Viewer):
 
     # -- what the card shows -------------------------------------------------------------------
     def header(self, feature, names_version) -> str:
-        return "### Feature" if feature is None else f"### {self.feature_name(feature)}"
+        return "### Feature" if feature is None else f"### {md_text(self.feature_name(feature))}"
 
     def density(self, feature, index, run_density) -> str:
         if feature is None:
@@ -81,15 +82,15 @@ class FeatureCard(pn.viewable.Viewer):
         if index is None:
             return "<p>No feature index beside this SAE: build one with <code>trajscope sae-index --sae DIR</code>.</p>"
         n = index.info.get("n_prompts", "?")
-        return (f"<p><b>Top-activating contexts</b> over {n} prompts of {index.info.get('prompts', 'the index')} "
-                f"(greedy continuations of {index.info.get('max_new_tokens', '?')} tokens; the activating token "
+        return (f"<p><b>Top-activating contexts</b> over {html_text(n)} prompts of {html_text(index.info.get('prompts', 'the index'))} "
+                f"(greedy continuations of {html_text(index.info.get('max_new_tokens', '?'))} tokens; the activating token "
                 "is highlighted):</p>" + contexts_html(index.contexts(feature)))
 
     def _note(self, message) -> pn.viewable.Viewable:
         if not message:
             return pn.Spacer(height=0)
         kind = "success" if message.startswith("Saved") else "warning"
-        return pn.pane.Alert(message, alert_type=kind, margin=(0, 10))
+        return pn.pane.Alert(md_text(message), alert_type=kind, margin=(0, 10))
 
     def __panel__(self):
         p = self.param

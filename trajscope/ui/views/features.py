@@ -25,6 +25,7 @@ import torch
 
 from trajscope import positions
 from trajscope.errors import TrajscopeError
+from trajscope.escaping import md_text
 from trajscope.model import sample_data_dir
 from trajscope.sae.index import FeatureIndex, density_table
 from trajscope.sae.labels import FeatureLabels
@@ -245,7 +246,7 @@ class FeaturesView(StateView):
 
     def _summary(self, message):
         if self._enc is None:
-            return pn.pane.Alert(self.message or "No features.", alert_type="secondary")
+            return pn.pane.Alert(md_text(self.message or "No features."), alert_type="secondary")
         table = fp.display_table(comparison_table(self._enc, self.state.trajectory.prompt_len))
         return pn.Column(pn.pane.Markdown("**Prefill vs decode** (this run; FVU = E‖x−x̂‖² / E‖x−E[x]‖²)"),
                          table_pane(table, css_class="ts-sae-summary"), sizing_mode="stretch_width")

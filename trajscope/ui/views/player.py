@@ -11,6 +11,7 @@ import panel as pn
 import polars as pl
 
 from trajscope import positions
+from trajscope.escaping import md_text
 from trajscope.ui.plots import visible
 from trajscope.ui.views._base import StateView
 from trajscope.ui.views.keys import ArrowKeys
@@ -25,12 +26,12 @@ def describe_step(state) -> str:
     toks = traj.tokens
     out_pos, q_pos = positions.produced_pos(s, P), positions.query_pos(s, P)
     produced = toks.filter(pl.col("pos") == out_pos)
-    prod = f" → produced `{visible(produced['text'][0])}` (pos {out_pos})" if len(produced) else ""
+    prod = f" → produced <code>{md_text(visible(produced['text'][0]))}</code> (pos {out_pos})" if len(produced) else ""
     if s == 0:
         return f"**Step 0 / {state.n_steps - 1} — prefill**: the {P} prompt positions at once{prod}"
     q = toks.filter(pl.col("pos") == q_pos)
-    qt = visible(q["text"][0]) if len(q) else "?"
-    return f"**Step {s} / {state.n_steps - 1} — decode**: query `{qt}` at pos {q_pos}{prod}"
+    qt = md_text(visible(q["text"][0])) if len(q) else "?"
+    return f"**Step {s} / {state.n_steps - 1} — decode**: query <code>{qt}</code> at pos {q_pos}{prod}"
 
 
 def check_step(text_value, n_steps: int) -> tuple[int | None, str]:
