@@ -112,7 +112,7 @@ class ReferenceProfile:
             path.parent.mkdir(parents=True, exist_ok=True)
             save_file(tensors, str(path), metadata={"info": json.dumps(self.info), "kind": "trajscope-profile"})
         except OSError as exc:
-            raise TrajscopeError(f"Cannot write the profile to '{path}': {exc.strerror or exc}.") from None
+            raise TrajscopeError(f"Cannot write the profile to '{path}': {exc.strerror or exc}.") from exc
         return path
 
     @classmethod
@@ -131,7 +131,7 @@ class ReferenceProfile:
         except TrajscopeError:
             raise
         except Exception as exc:
-            raise TrajscopeError(f"'{path}' is not a readable profile ({exc}).") from None
+            raise TrajscopeError(f"'{path}' is not a readable profile ({exc}).") from exc
         return cls(info=json.loads(meta["info"]), **tensors)
 
 

@@ -31,15 +31,15 @@ def read_jsonl(path: str | pathlib.Path, what: str, convert: Callable[[Any, int]
     out = []
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise TrajscopeError(f"'{path}' is not UTF-8 text, so it is not a JSON-lines {what} file.") from None
+    except UnicodeDecodeError as exc:
+        raise TrajscopeError(f"'{path}' is not UTF-8 text, so it is not a JSON-lines {what} file.") from exc
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise TrajscopeError(f"{path}, line {n}: not valid JSON ({exc.msg}).") from None
+            raise TrajscopeError(f"{path}, line {n}: not valid JSON ({exc.msg}).") from exc
         out.append(convert(item, n))
     if not out:
         raise TrajscopeError(f"The {what} file '{path}' holds no {what}s.")
@@ -66,7 +66,7 @@ def read_prompts(path: str | pathlib.Path, chat: bool = False) -> list[dict]:
             try:
                 return {**item, "messages": check_messages(item["messages"])}
             except TrajscopeError as exc:
-                raise TrajscopeError(f"{path}, line {n}: {exc}") from None
+                raise TrajscopeError(f"{path}, line {n}: {exc}") from exc
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
             raise TrajscopeError(f"{path}, line {n}: expected a JSON object with a non-empty \"prompt\" string.")
         cont = item.get("continuation")

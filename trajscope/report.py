@@ -242,7 +242,7 @@ class Comparison:
             for name, df in tables.items():
                 df.write_parquet(files / f"{name}.parquet", metadata=parquet_metadata(name))
         except OSError as exc:
-            raise TrajscopeError(f"Cannot write the report to '{path}': {exc.strerror or exc}.") from None
+            raise TrajscopeError(f"Cannot write the report to '{path}': {exc.strerror or exc}.") from exc
         plots = self.figures(tables)
         # Render into a fresh document: a served Panel session elsewhere in the process may have left
         # its own document current, and plots must not attach to it.
@@ -279,7 +279,7 @@ class Comparison:
         try:
             path.write_text(doc, encoding="utf-8")
         except OSError as exc:
-            raise TrajscopeError(f"Cannot write the report to '{path}': {exc.strerror or exc}.") from None
+            raise TrajscopeError(f"Cannot write the report to '{path}': {exc.strerror or exc}.") from exc
         return path
 
 

@@ -60,7 +60,7 @@ def _read(folder: pathlib.Path, name: str) -> pl.DataFrame | None:
     try:
         return pl.read_parquet(f)
     except Exception as exc:
-        raise TrajscopeError(f"The compaction table '{f}' is unreadable ({type(exc).__name__}).") from None
+        raise TrajscopeError(f"The compaction table '{f}' is unreadable ({type(exc).__name__}).") from exc
 
 
 def load(study_dir: str | pathlib.Path) -> dict:

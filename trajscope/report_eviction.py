@@ -46,7 +46,7 @@ def _read(folder: pathlib.Path, name: str, run_id: str) -> pl.DataFrame | None:
     try:
         df = pl.read_parquet(f)
     except Exception as exc:
-        raise TrajscopeError(f"The eviction table '{f}' is unreadable ({exc}).") from None
+        raise TrajscopeError(f"The eviction table '{f}' is unreadable ({exc}).") from exc
     return df.with_columns(pl.lit(run_id).alias("run_id"))  # one run directory = one run
 
 

@@ -111,7 +111,7 @@ def study_report(dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(_page("trajscope study report", _bokeh_js(), script, "\n".join(body)), encoding="utf-8")
     except OSError as exc:
-        raise TrajscopeError(f"Cannot write the report to '{out}': {exc.strerror or exc}.") from None
+        raise TrajscopeError(f"Cannot write the report to '{out}': {exc.strerror or exc}.") from exc
     return out
 
 

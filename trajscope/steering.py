@@ -112,7 +112,7 @@ class SteeringVector:
         try:
             save_file({"direction": self.direction.contiguous()}, str(path), metadata=meta)
         except OSError as exc:
-            raise TrajscopeError(f"Cannot write the steering vector to '{path}': {exc.strerror or exc}.") from None
+            raise TrajscopeError(f"Cannot write the steering vector to '{path}': {exc.strerror or exc}.") from exc
         return path
 
     @classmethod

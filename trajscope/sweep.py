@@ -53,7 +53,7 @@ class SweepResult:
             for name in ("steps", "summary", "texts"):
                 write_table(getattr(self, name), path / f"{name}.parquet", f"steering_{name}")
         except OSError as exc:
-            raise TrajscopeError(f"Cannot write the sweep to '{out}': {exc.strerror or exc}.") from None
+            raise TrajscopeError(f"Cannot write the sweep to '{out}': {exc.strerror or exc}.") from exc
 
 
 def target_ids(model: ModelHandle, targets: Sequence[str | int]) -> list[int]:

@@ -181,7 +181,7 @@ class Trajectory:
             for name in self.table_names():
                 getattr(self, name).write_parquet(directory / f"{name}.parquet", metadata=parquet_metadata(name))
         except OSError as exc:
-            raise TrajscopeError(f"Cannot write tables to '{directory}': {exc.strerror or exc}.") from None
+            raise TrajscopeError(f"Cannot write tables to '{directory}': {exc.strerror or exc}.") from exc
         return directory
 
     @classmethod
@@ -207,7 +207,7 @@ class Trajectory:
         try:
             meta = json.loads(meta_file.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise TrajscopeError(f"Run directory '{path}' has a corrupt meta.json ({exc}).") from None
+            raise TrajscopeError(f"Run directory '{path}' has a corrupt meta.json ({exc}).") from exc
         version = meta.get("schema_version") if isinstance(meta, dict) else None
         if isinstance(meta, dict) and version not in READABLE_VERSIONS:
             raise TrajscopeError(f"Run directory '{path}' has schema version {version}; this trajscope reads "
@@ -227,7 +227,7 @@ class Trajectory:
                 else:
                     tables[name] = pl.read_parquet(f)
             except Exception as exc:
-                raise TrajscopeError(f"Run directory '{path}' has an unreadable {f.name} ({exc}).") from None
+                raise TrajscopeError(f"Run directory '{path}' has an unreadable {f.name} ({exc}).") from exc
         tensors = {}
         if meta.get("tensors") and not lazy:
             f = path / TENSOR_FILE
@@ -238,7 +238,7 @@ class Trajectory:
 
                 tensors = load_file(str(f))
             except Exception as exc:
-                raise TrajscopeError(f"Run directory '{path}' has an unreadable {TENSOR_FILE} ({exc}).") from None
+                raise TrajscopeError(f"Run directory '{path}' has an unreadable {TENSOR_FILE} ({exc}).") from exc
         if version != SCHEMA_VERSION:  # converters: docs/schema.md, "Converters"
             tables["tokens"] = upgrade_tokens(tables["tokens"], int(meta["prompt_len"]))
             meta["schema_version"] = SCHEMA_VERSION

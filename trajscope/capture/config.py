@@ -32,8 +32,8 @@ def _freeze_layers(spec: LayerSpec) -> Union[str, tuple[int, ...], None]:
         return (int(spec),)
     try:
         return tuple(int(s) for s in spec)
-    except (TypeError, ValueError):
-        raise TrajscopeError(f"A layer spec must be 'all', an index or indices, not {spec!r}.") from None
+    except (TypeError, ValueError) as exc:
+        raise TrajscopeError(f"A layer spec must be 'all', an index or indices, not {spec!r}.") from exc
 
 
 def resolve_layers(spec: LayerSpec, n_layers: int, what: str) -> list[int]:

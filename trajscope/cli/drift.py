@@ -164,7 +164,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
             write_table(df, out / f"{name}.parquet", f"drift_{name}", extra=meta)
         prof.save(out / "profile.safetensors")
     except OSError as exc:
-        raise TrajscopeError(f"Cannot write the drift report to '{out}': {exc.strerror or exc}.") from None
+        raise TrajscopeError(f"Cannot write the drift report to '{out}': {exc.strerror or exc}.") from exc
     _print_report(tables, traj, split, sizes, prof, args, matched, unit)
     print(f"written to {out}/", file=sys.stderr)
     return 0

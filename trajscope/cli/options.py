@@ -89,16 +89,16 @@ def parse_layers(text: str | None) -> Any:
         return "all"
     try:
         return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise TrajscopeError(f"Layers must be 'all', 'none' or comma-separated indices like 0,3,5; got '{text}'.") from None
+    except ValueError as exc:
+        raise TrajscopeError(f"Layers must be 'all', 'none' or comma-separated indices like 0,3,5; got '{text}'.") from exc
 
 
 def ints(text: str, what: str) -> list[int]:
     """Comma-separated whole numbers."""
     try:
         return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise TrajscopeError(f"{what} must be comma-separated whole numbers, not '{text}'.") from None
+    except ValueError as exc:
+        raise TrajscopeError(f"{what} must be comma-separated whole numbers, not '{text}'.") from exc
 
 
 def steering_vectors(args: argparse.Namespace) -> tuple:
@@ -150,7 +150,7 @@ def out_dir(path: str | pathlib.Path) -> pathlib.Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise TrajscopeError(f"Cannot create the output folder '{out}': {exc.strerror or exc}.") from None
+        raise TrajscopeError(f"Cannot create the output folder '{out}': {exc.strerror or exc}.") from exc
     if not os.access(out, os.W_OK):
         raise TrajscopeError(f"The output folder '{out}' is not writable.")
     return out

@@ -68,8 +68,8 @@ def seed_list(text: str) -> list[int]:
     """Seeds from ``"0"`` or ``"0,1,2"`` (distinct non-negative integers), one clear error otherwise."""
     try:
         seeds = [int(t) for t in str(text).split(",") if t.strip()]
-    except ValueError:
-        raise TrajscopeError(f"--seed takes integers separated by commas (e.g. 0,1,2), not '{text}'.") from None
+    except ValueError as exc:
+        raise TrajscopeError(f"--seed takes integers separated by commas (e.g. 0,1,2), not '{text}'.") from exc
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise TrajscopeError(f"--seed needs distinct non-negative integers (e.g. 0,1,2), not '{text}'.")
     return seeds

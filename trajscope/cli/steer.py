@@ -29,8 +29,8 @@ def cmd_steer_sweep(args: argparse.Namespace) -> int:
     depths = opt.ints(args.depths, "--depths")
     try:
         strengths = [float(s) for s in args.strengths.split(",") if s.strip()]
-    except ValueError:
-        raise TrajscopeError(f"--strengths must be comma-separated numbers, not '{args.strengths}'.") from None
+    except ValueError as exc:
+        raise TrajscopeError(f"--strengths must be comma-separated numbers, not '{args.strengths}'.") from exc
     if (args.vector is None) == (args.pairs is None):
         raise TrajscopeError("Give exactly one of --vector FILE or --pairs FILE.jsonl.")
     model = opt.load(args)
@@ -47,8 +47,8 @@ def cmd_steer_sweep(args: argparse.Namespace) -> int:
         res = steering_sweep(model, prompts, vec, depths=depths, strengths=strengths, window=args.window,
                                 seeds=opt.ints(args.seeds, "--seeds"), temperature=args.temperature,
                                 targets=args.targets or (), cancel=cancel, max_new_tokens=args.max_new_tokens)
-    except KeyboardInterrupt:
-        raise TrajscopeError("Interrupted before the sweep could save; rerun with fewer depths or prompts.") from None
+    except KeyboardInterrupt as exc:
+        raise TrajscopeError("Interrupted before the sweep could save; rerun with fewer depths or prompts.") from exc
     res.save(str(out))
     vec.save(out / "vector.safetensors")
     with pl.Config(tbl_rows=50, tbl_cols=12, float_precision=4):

@@ -118,14 +118,14 @@ def load_sae(path: str | os.PathLike, sae_cls: Any, device: str | None = None) -
     try:
         raw = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TrajscopeError(f"{cfg_path} is not valid JSON ({exc}).") from None
+        raise TrajscopeError(f"{cfg_path} is not valid JSON ({exc}).") from exc
     if not isinstance(raw, dict):
         raise TrajscopeError(f"{cfg_path} does not hold a JSON object.")
     cfg = _config_from_saelens(raw, p)
     try:
         state = load_file(str(w_path), device="cpu")
     except (SafetensorError, OSError) as exc:
-        raise TrajscopeError(f"{w_path} is not a readable safetensors file ({exc}).") from None
+        raise TrajscopeError(f"{w_path} is not a readable safetensors file ({exc}).") from exc
     want = {"W_enc": (cfg.d_in, cfg.d_sae), "W_dec": (cfg.d_sae, cfg.d_in), "b_enc": (cfg.d_sae,), "b_dec": (cfg.d_in,)}
     for name, shape in want.items():
         if name not in state:

@@ -192,5 +192,5 @@ def write_table(df: pl.DataFrame, path: str | pathlib.Path, table: str) -> pathl
         p.parent.mkdir(parents=True, exist_ok=True)
         df.write_parquet(p, metadata=parquet_metadata(table))
     except OSError as exc:
-        raise TrajscopeError(f"Cannot write '{p}': {exc.strerror or exc}.") from None
+        raise TrajscopeError(f"Cannot write '{p}': {exc.strerror or exc}.") from exc
     return p

@@ -75,8 +75,8 @@ def _layers(text: str) -> list[int] | None:
         return None
     try:
         return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise TrajscopeError(f"--layers must be 'all' or comma-separated indices like 0,3,5; got '{text}'.") from None
+    except ValueError as exc:
+        raise TrajscopeError(f"--layers must be 'all' or comma-separated indices like 0,3,5; got '{text}'.") from exc
 
 
 def cmd_compaction(args: argparse.Namespace) -> int:
@@ -96,7 +96,7 @@ def cmd_compaction(args: argparse.Namespace) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise TrajscopeError(f"Cannot create the output folder '{out}': {exc.strerror or exc}.") from None
+        raise TrajscopeError(f"Cannot create the output folder '{out}': {exc.strerror or exc}.") from exc
     if not os.access(out, os.W_OK):
         raise TrajscopeError(f"The output folder '{out}' is not writable.")
     model = load_model(args.model, device=args.device, dtype=args.dtype)

@@ -45,8 +45,8 @@ def ints(text: str) -> tuple[int, ...]:
     """``"1,4,16"`` → ``(1, 4, 16)``; argparse's error when it is not whole numbers."""
     try:
         return tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers like 1,4,16; got '{text}'") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers like 1,4,16; got '{text}'") from exc
 
 
 def words(text: str) -> tuple[str, ...]:

@@ -39,7 +39,7 @@ def read_prompt_file(path: str | pathlib.Path, max_prompts: int | None = None) -
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise TrajscopeError(f"{path}, line {n}: not valid JSON ({exc.msg}).") from None
+            raise TrajscopeError(f"{path}, line {n}: not valid JSON ({exc.msg}).") from exc
         item = {"prompt": item} if isinstance(item, str) else item
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
             raise TrajscopeError(f"{path}, line {n}: expected a JSON object with a non-empty \"prompt\" string.")

@@ -105,7 +105,7 @@ def read_sessions(path: str | pathlib.Path) -> list[Session]:
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise TrajscopeError(f"{path}, line {n}: not valid JSON ({exc.msg}).") from None
+            raise TrajscopeError(f"{path}, line {n}: not valid JSON ({exc.msg}).") from exc
         if not isinstance(item, dict):
             raise TrajscopeError(f"{path}, line {n}: expected a JSON object with the keys {', '.join(SEGMENTS)}.")
         out.append(Session.from_dict(item, default_id=str(n)))
