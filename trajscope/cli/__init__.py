@@ -23,11 +23,11 @@ import argparse
 import sys
 
 from trajscope import report_studies
-from trajscope.cli import capture, drift, sae, steer, studies
+from trajscope.cli import capture, drift, prepare, sae, steer, studies
 from trajscope.studies import cli as serving_studies
 from trajscope.errors import TrajscopeError
 
-GROUPS = (capture, steer, drift, sae, studies, serving_studies, report_studies)
+GROUPS = (capture, steer, drift, sae, prepare, studies, serving_studies, report_studies)
 
 
 def build_parser() -> argparse.ArgumentParser:
