@@ -1,7 +1,8 @@
 """``trajscope prepare``: build a model's assets (profile, SAEs, steering vector) into one directory.
 
 Resumable: each finished stage leaves ``OUT/<stage>/DONE.json`` and is skipped on a
-re-run (:mod:`trajscope.prepare`). ``--only`` runs the named stages.
+re-run (:mod:`trajscope.prepare`). ``--only`` runs the named stages; ``--ship DIR`` copies the
+shippable artefacts (:mod:`trajscope.prepare.ship`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         raise TrajscopeError(f"Unknown stage(s) {', '.join(unknown)}; the stages are {', '.join(names)}.")
     status = prepare(args.model_path or args.model, args.out, cfg, only)
     print(json.dumps(status, indent=1))
+    if args.ship:
+        from trajscope.prepare.ship import ship
+
+        print(f"shipped to {ship(args.out, args.ship, cfg.layer, cfg.seeds[0])}")
     return 0
 
 
@@ -45,4 +50,6 @@ def register(sub: Any) -> None:
     p.add_argument("--out", required=True, help="output directory (re-use it to resume)")
     p.add_argument("--only", default=None, help="comma-separated stage names to run")
     p.add_argument("--set", default=None, help="JSON object of PrepareConfig overrides, e.g. '{\"sae_tokens\": 51200}'")
+    p.add_argument("--ship", default=None, help="then copy the shippable artefacts and figures.md into this "
+                   "directory (e.g. sample_data/smollm2)")
     p.set_defaults(func=cmd_prepare)
