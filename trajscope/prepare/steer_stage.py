@@ -89,9 +89,11 @@ def perplexity(model, ids: list[int], new: list[int]) -> float:
     return float(math.exp(float(nll)))
 
 
-def _generate(model, prompts, n, vec, tok) -> list[dict]:
+def _generate(model, prompts, n, vec, tok, desc: str | None = None) -> list[dict]:
+    from tqdm.auto import tqdm
+
     out = []
-    for it, ids in prompts:
+    for it, ids in tqdm(prompts, desc=desc, unit="prompt", disable=desc is None):
         new = greedy(model, ids, n, vec)
         text = tok.decode(new, skip_special_tokens=True)
         fr, en = word_counts(text)
@@ -129,9 +131,8 @@ def run(ctx, d: pathlib.Path) -> dict:
                          start_step=0, name="french-caa")
     gens = []
     for arm, v in (("unsteered", None), ("steered", vec)):
-        for r in tqdm(_generate(model, held, c.steer_eval_tokens, v, tok), desc=f"steer: held-out {arm}",
-                      unit="prompt"):
-            gens.append({"arm": arm, **r})
+        gens += [{"arm": arm, **r} for r in _generate(model, held, c.steer_eval_tokens, v, tok,
+                                                        desc=f"steer: held-out {arm}")]
     gdf = pl.DataFrame(gens)
     summary = {}
     for arm in ("unsteered", "steered"):
