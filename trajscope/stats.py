@@ -17,7 +17,7 @@ own.
   5,000. The null draws two *disjoint* samples of the same size n from a reference
   set (prefill rows), evaluates the metric on them, and repeats; a prefill-vs-decode
   number is read against the "prefill vs prefill" spread at the same n.
-- **Held-out splits and trajectory-level calibration** (:func:`split_ids`, :func:`split_by_group` for splits disjoint in source files,
+- **Held-out splits and trajectory-level calibration** (:func:`split_ids`, also by group: source file,
   :func:`calibrate_max`, :func:`false_alarm_rate`, :func:`binomial_interval`).
   Profile fitting, threshold calibration and evaluation use disjoint prompt sets.
   A trajectory-level flag fires when a run's largest per-(step, layer) score
@@ -40,7 +40,7 @@ import polars as pl
 
 from trajscope.errors import TrajscopeError
 
-__all__ = ["Interval", "NullSummary", "cluster_bootstrap", "bootstrap_frame", "matched_null", "split_ids", "split_by_group",
+__all__ = ["Interval", "NullSummary", "cluster_bootstrap", "bootstrap_frame", "matched_null", "split_ids",
            "calibrate_max", "false_alarm_rate", "binomial_interval"]
 
 _CHUNK_CELLS = 2_000_000  # resample-draw matrix cells held in memory at once
@@ -306,7 +306,7 @@ def matched_null(reference_rows: Any, n: int, metric: Callable[[Any, Any], float
 
 
 def split_ids(ids: Any, fractions: Sequence[float] = (0.5, 0.25, 0.25),
-              names: Sequence[str] = ("fit", "calibrate", "evaluate"), seed: int = 0) -> dict[str, list]:
+              names: Sequence[str] = ("fit", "calibrate", "evaluate"), seed: int = 0, groups: Any = None) -> dict[str, list]:
     """Deterministic disjoint split of ids (prompts) into named parts, e.g. fit / calibrate / evaluate.
 
     The distinct ids are sorted, then shuffled with ``seed``, so membership does not
@@ -317,11 +317,16 @@ def split_ids(ids: Any, fractions: Sequence[float] = (0.5, 0.25, 0.25),
         ids: sequence of sortable ids (list, numpy array or Polars Series).
         fractions: one positive fraction per part, summing to 1.
         names: part names, distinct, as many as ``fractions``.
-        seed: seed of the shuffle.
+        seed: seed of the shuffle. ``groups``: optional key per distinct id (source file); groups split, ids follow.
 
     Returns:
         ``{name: sorted list of ids}`` in ``names`` order; the parts cover all distinct ids.
     """
+    ids = ids.to_list() if hasattr(ids, "to_list") else ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+    if groups is not None:  # split the distinct groups; each id joins its group's part
+        group_of = dict(zip(ids, groups.to_list() if hasattr(groups, "to_list") else list(groups), strict=True))
+        part = {g: n for n, gs in split_ids(list(group_of.values()), fractions, names, seed).items() for g in gs}
+        return {n: sorted(i for i, g in group_of.items() if part[g] == n) for n in names}
     fractions, names = [float(f) for f in fractions], list(names)
     if len(fractions) != len(names) or len(set(names)) != len(names):
         raise TrajscopeError(f"split_ids needs one distinct name per fraction (got names {names} "
@@ -329,7 +334,6 @@ def split_ids(ids: Any, fractions: Sequence[float] = (0.5, 0.25, 0.25),
     if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
         raise TrajscopeError(f"split_ids fractions must be positive and sum to 1, e.g. (0.5, 0.25, 0.25); "
                              f"got {tuple(fractions)} (sum {sum(fractions):.4g}).")
-    ids = ids.to_list() if hasattr(ids, "to_list") else ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
     try:
         unique = sorted(set(ids))
     except TypeError as e:
@@ -347,35 +351,6 @@ def split_ids(ids: Any, fractions: Sequence[float] = (0.5, 0.25, 0.25),
     perm = np.random.default_rng(seed).permutation(len(unique))
     cuts = np.concatenate([[0], np.cumsum(sizes)])
     return {name: sorted(unique[j] for j in perm[cuts[i]:cuts[i + 1]]) for i, name in enumerate(names)}
-
-
-def split_by_group(ids: Any, groups: Any, fractions: Sequence[float] = (0.5, 0.25, 0.25),
-                   names: Sequence[str] = ("fit", "calibrate", "evaluate"), seed: int = 0) -> dict[str, list]:
-    """Disjoint split of ids whose parts are disjoint in ``groups`` too (e.g. prompts split by source file).
-
-    The distinct groups are split with :func:`split_ids` (so a part's share counts groups, not ids),
-    and each id goes to its group's part; no group supplies two parts.
-
-    Args:
-        ids: ``[n]`` sortable ids (prompt ids), distinct.
-        groups: ``[n]`` group key of each id (its source file).
-        fractions, names, seed: as in :func:`split_ids`, applied to the groups.
-
-    Returns:
-        ``{name: sorted list of ids}`` in ``names`` order.
-    """
-    ids = ids.to_list() if hasattr(ids, "to_list") else list(ids)
-    groups = groups.to_list() if hasattr(groups, "to_list") else list(groups)
-    if len(ids) != len(groups):
-        raise TrajscopeError(f"split_by_group needs one group per id (got {len(ids)} ids and {len(groups)} groups).")
-    if len(set(ids)) != len(ids):
-        raise TrajscopeError("split_by_group needs distinct ids; a repeated id could land in two parts.")
-    parts = split_ids(groups, fractions, names, seed)
-    part_of = {g: name for name, gs in parts.items() for g in gs}
-    out: dict[str, list] = {name: [] for name in names}
-    for i, g in zip(ids, groups):
-        out[part_of[g]].append(i)
-    return {name: sorted(v) for name, v in out.items()}
 
 
 def _run_maxima(scores_by_run: Sequence[Any]) -> np.ndarray:

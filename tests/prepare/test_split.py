@@ -6,7 +6,7 @@ import pytest
 
 from trajscope.errors import TrajscopeError
 from trajscope.prepare.corpus import _chunks, split_items
-from trajscope.stats import split_by_group, split_ids
+from trajscope.stats import split_ids
 
 
 def _items():
@@ -21,7 +21,7 @@ def _items():
 def test_split_by_group_is_disjoint_in_groups():
     ids = [f"p{i}" for i in range(60)]
     groups = [f"f{i % 13}" for i in range(60)]
-    parts = split_by_group(ids, groups, seed=3)
+    parts = split_ids(ids, seed=3, groups=groups)
     group_of = dict(zip(ids, groups))
     files = {name: {group_of[i] for i in v} for name, v in parts.items()}
     assert not files["fit"] & files["calibrate"] and not files["fit"] & files["evaluate"]
@@ -33,10 +33,10 @@ def test_split_by_group_is_disjoint_in_groups():
 
 
 def test_split_by_group_refuses_bad_input():
-    with pytest.raises(TrajscopeError):
-        split_by_group(["a", "b"], ["f"])
-    with pytest.raises(TrajscopeError):
-        split_by_group(["a", "a", "b"], ["f", "g", "h"])
+    with pytest.raises(ValueError):
+        split_ids(["a", "b"], groups=["f"])
+    with pytest.raises(TrajscopeError):  # two groups cannot fill three parts
+        split_ids(["a", "b", "c"], groups=["f", "f", "g"])
 
 
 def test_corpus_split_is_disjoint_in_files_within_every_kind():

@@ -37,11 +37,22 @@ SINK_NOTE = ("positions before first_pos (position 0, the attention sink: |x| ~ 
 
 
 def weights_hash(model: Any) -> str:
-    """SHA-256 (first 16 hex digits) over the model's parameters in name order (float32 bytes)."""
+    """SHA-256 (first 16 hex digits) over the model's weight tensors in name order (float32 bytes), read from the
+    ``*.safetensors`` files of its directory; the boundary's :meth:`revision` where there is no directory."""
+    from safetensors import safe_open
+
+    files = sorted(pathlib.Path(model.source_path).glob("*.safetensors")) if model.source_path else []
+    if not files:
+        return f"revision:{model.revision()}"
+    where = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            where.update({name: f for name in fh.keys()})
     h = hashlib.sha256()
-    for name, p in sorted(model.torch_module().named_parameters()):
-        h.update(name.encode())
-        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    for name in sorted(where):
+        with safe_open(str(where[name]), framework="pt") as fh:
+            h.update(name.encode())
+            h.update(fh.get_tensor(name).float().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -53,10 +64,10 @@ class Context:
 
     @functools.cached_property
     def model(self) -> Any:
-        import trajscope as ts
+        from trajscope.model.load import load_model
 
         torch.set_num_threads(self.cfg.threads)
-        return ts.load_model(self.model_source)
+        return load_model(self.model_source)
 
     @functools.cached_property
     def meta(self) -> dict:

@@ -13,7 +13,7 @@ Three kinds, all available without a network:
   each, rendered through the tokenizer's chat template); the group is the file.
 
 :func:`split_items` splits the prompts into fit / calibrate / evaluate parts
-disjoint in groups (:func:`trajscope.stats.split_by_group`).
+disjoint in groups (:func:`trajscope.stats.split_ids` with ``groups``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sysconfig
 from typing import Any, Sequence
 
 from trajscope.errors import TrajscopeError
-from trajscope.stats import split_by_group
+from trajscope.stats import split_ids
 
 SKIP_DIRS = ("test", "tests", "idlelib", "encodings", "lib2to3", "site-packages", "turtledemo", "__pycache__")
 
@@ -112,6 +112,6 @@ def split_items(items: Sequence[dict], fractions: Sequence[float], seed: int) ->
     part_of: dict[str, str] = {}
     for kind in sorted({it["kind"] for it in items}):
         mine = [it for it in items if it["kind"] == kind]
-        parts = split_by_group([it["id"] for it in mine], [it["group"] for it in mine], fractions, seed=seed)
+        parts = split_ids([it["id"] for it in mine], fractions, seed=seed, groups=[it["group"] for it in mine])
         part_of.update({i: name for name, ids in parts.items() for i in ids})
     return part_of
