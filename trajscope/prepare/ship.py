@@ -18,6 +18,10 @@ import polars as pl
 from trajscope.errors import TrajscopeError
 from trajscope.prepare import sae_name
 from trajscope.prepare.stages import is_done
+from trajscope.prepare.steer_stage import distinct_share
+from trajscope.stats import binomial_interval
+
+DEGENERATE = 0.5
 
 REPORT_FILES = {"profile": ("fpr_by_layer.parquet",), "sae-eval": ("metrics.parquet", "reproducibility.parquet",
                                                                    "report.json"),
@@ -70,6 +74,17 @@ def figures(out: str | pathlib.Path) -> str:
                   f"{st[arm]['ppl_geomean']:.2f} |")
     dd = st["success_diff"]
     md += ["", f"Steered − unsteered success: {_ci(dd['estimate'], dd['lo'], dd['hi'], 2)} (bootstrap over files).", ""]
+    held = pl.read_parquet(out / "steer" / "heldout.parquet").with_columns(
+        pl.col("text").map_elements(distinct_share, return_dtype=pl.Float64).alias("distinct"))
+    md += [f"Degenerate repetition (distinct words / words < {DEGENERATE}), a check the success criterion and the "
+           "perplexity do not make:", ""]
+    for arm in ("unsteered", "steered"):
+        a = held.filter(pl.col("arm") == arm)
+        k = int((a["distinct"] < DEGENERATE).sum())
+        iv = binomial_interval(k, a.height)
+        md.append(f"- {arm}: {k}/{a.height} = {_ci(iv.estimate, iv.lo, iv.hi, 2)} (Wilson 95%); "
+                  f"successes that are not degenerate: {int(((a['distinct'] >= DEGENERATE) & a['success']).sum())}")
+    md.append("")
     sw = pl.read_parquet(out / "steer" / "sweep.parquet")
     md += ["Sweep (fit-file prompts):", "", "| layer | strength | success | median ppl | n |", "|---|---|---|---|---|"]
     md += [f"| {r['layer']} | {r['strength']:g} | {r['success']:.2f} | {r['ppl_median']:.2f} | {r['n_prompts']} |"

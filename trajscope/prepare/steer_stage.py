@@ -55,6 +55,12 @@ def is_french(text: str) -> bool:
     return fr >= MIN_WORDS and fr > en
 
 
+def distinct_share(text: str) -> float:
+    """Distinct words / words of ``text`` (1.0 for no words): low values flag degenerate repetition ("la la la")."""
+    words = re.findall(r"\w+", text.lower())
+    return len(set(words)) / len(words) if words else 1.0
+
+
 def caa_vectors(model, pairs: list[tuple[list[int], list[int]]], layers) -> dict[int, torch.Tensor]:
     """Per layer, the mean over pairs of ``resid(positive) − resid(negative)`` at the last token."""
     diffs = {layer: [] for layer in layers}
