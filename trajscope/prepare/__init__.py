@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from trajscope.positions import SINK_POS, sink_meta
 from trajscope.prepare.config import PrepareConfig
 from trajscope.prepare.stages import Stage, run_stages
 
@@ -78,7 +79,8 @@ class Context:
         m = self.model
         return {"model_name": self.cfg.model_id, "model_source": self.model_source,
                 "weights_sha256_16": weights_hash(m), "n_layers": m.n_layers, "d_model": m.d_model,
-                "first_pos": self.cfg.first_pos, "sink_treatment": SINK_NOTE}
+                "first_pos": self.cfg.first_pos, "sink_treatment": SINK_NOTE,
+                **sink_meta(self.cfg.first_pos > SINK_POS)}
 
 
 MIXES = ("prefill-only", "hybrid")

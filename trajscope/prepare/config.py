@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from trajscope.positions import first_reference_pos
+
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
@@ -22,7 +24,7 @@ class PrepareConfig:
     gen_batch: int = 22
     split_fractions: tuple = (0.5, 0.25, 0.25)
     split_seed: int = 0
-    first_pos: int = 1  # positions before it (the attention sink at 0) are excluded everywhere
+    first_pos: int = first_reference_pos()  # the project's one sink rule: 1, position 0 left out everywhere
     fpr: float = 0.01
     layer: int = 15
     d_sae: int = 2304
