@@ -17,7 +17,7 @@ own.
   5,000. The null draws two *disjoint* samples of the same size n from a reference
   set (prefill rows), evaluates the metric on them, and repeats; a prefill-vs-decode
   number is read against the "prefill vs prefill" spread at the same n.
-- **Held-out splits and trajectory-level calibration** (:func:`split_ids`,
+- **Held-out splits and trajectory-level calibration** (:func:`split_ids`, also by group: source file,
   :func:`calibrate_max`, :func:`false_alarm_rate`, :func:`binomial_interval`).
   Profile fitting, threshold calibration and evaluation use disjoint prompt sets.
   A trajectory-level flag fires when a run's largest per-(step, layer) score
@@ -308,7 +308,7 @@ def matched_null(reference_rows: Any, n: int, metric: Callable[[Any, Any], float
 
 
 def split_ids(ids: Any, fractions: Sequence[float] = (0.5, 0.25, 0.25),
-              names: Sequence[str] = ("fit", "calibrate", "evaluate"), seed: int = 0) -> dict[str, list]:
+              names: Sequence[str] = ("fit", "calibrate", "evaluate"), seed: int = 0, groups: Any = None) -> dict[str, list]:
     """Deterministic disjoint split of ids (prompts) into named parts, e.g. fit / calibrate / evaluate.
 
     The distinct ids are sorted, then shuffled with ``seed``, so membership does not
@@ -319,11 +319,16 @@ def split_ids(ids: Any, fractions: Sequence[float] = (0.5, 0.25, 0.25),
         ids: sequence of sortable ids (list, numpy array or Polars Series).
         fractions: one positive fraction per part, summing to 1.
         names: part names, distinct, as many as ``fractions``.
-        seed: seed of the shuffle.
+        seed: seed of the shuffle. ``groups``: optional key per distinct id (source file); groups split, ids follow.
 
     Returns:
         ``{name: sorted list of ids}`` in ``names`` order; the parts cover all distinct ids.
     """
+    ids = ids.to_list() if hasattr(ids, "to_list") else ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+    if groups is not None:  # split the distinct groups; each id joins its group's part
+        group_of = dict(zip(ids, groups.to_list() if hasattr(groups, "to_list") else list(groups), strict=True))
+        part = {g: n for n, gs in split_ids(list(group_of.values()), fractions, names, seed).items() for g in gs}
+        return {n: sorted(i for i, g in group_of.items() if part[g] == n) for n in names}
     fractions, names = [float(f) for f in fractions], list(names)
     if len(fractions) != len(names) or len(set(names)) != len(names):
         raise TrajscopeError(f"split_ids needs one distinct name per fraction (got names {names} "
@@ -331,7 +336,6 @@ def split_ids(ids: Any, fractions: Sequence[float] = (0.5, 0.25, 0.25),
     if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
         raise TrajscopeError(f"split_ids fractions must be positive and sum to 1, e.g. (0.5, 0.25, 0.25); "
                              f"got {tuple(fractions)} (sum {sum(fractions):.4g}).")
-    ids = ids.to_list() if hasattr(ids, "to_list") else ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
     try:
         unique = sorted(set(ids))
     except TypeError as e:

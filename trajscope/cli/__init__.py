@@ -25,11 +25,11 @@ import os
 import sys
 
 from trajscope import report_studies
-from trajscope.cli import capture, drift, sae, steer, studies
+from trajscope.cli import capture, drift, prepare, sae, steer, studies
 from trajscope.studies import flags as registered_studies
 from trajscope.errors import TrajscopeError, first_sentence
 
-GROUPS = (capture, steer, drift, sae, studies, registered_studies, report_studies)
+GROUPS = (capture, steer, drift, sae, prepare, studies, registered_studies, report_studies)
 
 
 def build_parser() -> argparse.ArgumentParser:
