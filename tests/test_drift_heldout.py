@@ -20,7 +20,7 @@ from trajscope.metrics import drift_regimes as dr
 from trajscope.profile import DriftProbe, ReferenceProfile, profile_from_residuals
 from trajscope.profile_build import build_profile, named_split, prompt_ids
 from trajscope.prompts import read_prompts
-from trajscope.stats import calibrate_max, false_alarm_rate
+from trajscope.conformal import calibrate_max, false_alarm_rate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORDS = ["def", "x", "=", "(", ")", "return", "if", "for", "in", "self", ":", "1", "'a'", "None", "import", "os"]

@@ -14,9 +14,9 @@ import polars as pl
 import pytest
 import torch
 
+from trajscope.conformal import calibrate_max, false_alarm_rate
 from trajscope.errors import TrajscopeError
-from trajscope.stats import (Interval, binomial_interval, bootstrap_frame, calibrate_max, cluster_bootstrap,
-                             false_alarm_rate, matched_null, split_ids)
+from trajscope.stats import Interval, binomial_interval, bootstrap_frame, cluster_bootstrap, matched_null, split_ids
 
 
 def clustered_sample(rng: np.random.Generator, n_clusters: int = 40, mu: float = 0.5):

@@ -23,7 +23,7 @@ layers flag almost every prefill-like run. :class:`DriftProbe` therefore also
 takes a **trajectory-level threshold** on the run statistic ``max over probed
 (step, layer) of score / threshold[layer]`` (scores in units of their layer's
 per-position threshold, so layers of different spread are comparable),
-calibrated with :func:`trajscope.stats.calibrate_max` on prefill-like runs.
+calibrated with :func:`trajscope.conformal.calibrate_max` on prefill-like runs.
 
 Profiles save to one ``.safetensors`` file (tensors + JSON metadata) and refuse to
 score a model of another width or depth.
@@ -235,9 +235,9 @@ class DriftProbe:
         Args:
             runs: per calibration run, its ``score / threshold`` ratios over probed (step, layer) (any shape), or
                 its probe table. Use runs disjoint from the profile's fit prompts and from evaluation.
-            target_rate: the false-alarm rate wanted (:func:`trajscope.stats.calibrate_max`).
+            target_rate: the false-alarm rate wanted (:func:`trajscope.conformal.calibrate_max`).
         """
-        from trajscope.stats import calibrate_max
+        from trajscope.conformal import calibrate_max
 
         arrays = [np.asarray((r["score"] / r["threshold"]).to_numpy()) if hasattr(r, "columns") else np.asarray(r)
                   for r in runs]

@@ -17,14 +17,10 @@ own.
   5,000. The null draws two *disjoint* samples of the same size n from a reference
   set (prefill rows), evaluates the metric on them, and repeats; a prefill-vs-decode
   number is read against the "prefill vs prefill" spread at the same n.
-- **Held-out splits and trajectory-level calibration** (:func:`split_ids`, also by group: source file,
-  :func:`calibrate_max`, :func:`false_alarm_rate`, :func:`binomial_interval`).
-  Profile fitting, threshold calibration and evaluation use disjoint prompt sets.
-  A trajectory-level flag fires when a run's largest per-(step, layer) score
-  exceeds a threshold; the threshold is the conformal order statistic of the
-  calibration runs' maxima, so on exchangeable held-out prefill-like runs the
-  false-alarm rate is at most the target (and equal to it when (n+1)·target is an
-  integer and scores are continuous).
+- **Held-out splits** (:func:`split_ids`, also by group: source file) and rates
+  (:func:`binomial_interval`). Profile fitting, threshold calibration and
+  evaluation use disjoint prompt sets; the trajectory-level threshold calibrated
+  on them lives in :mod:`trajscope.conformal`.
 """
 
 from __future__ import annotations
@@ -42,7 +38,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.interval_text import format_interval
 
 __all__ = ["Interval", "NullSummary", "cluster_bootstrap", "bootstrap_frame", "matched_null", "split_ids",
-           "calibrate_max", "false_alarm_rate", "binomial_interval"]
+           "binomial_interval"]
 
 _CHUNK_CELLS = 2_000_000  # resample-draw matrix cells held in memory at once
 
@@ -353,66 +349,6 @@ def split_ids(ids: Any, fractions: Sequence[float] = (0.5, 0.25, 0.25),
     perm = np.random.default_rng(seed).permutation(len(unique))
     cuts = np.concatenate([[0], np.cumsum(sizes)])
     return {name: sorted(unique[j] for j in perm[cuts[i]:cuts[i + 1]]) for i, name in enumerate(names)}
-
-
-def _run_maxima(scores_by_run: Sequence[Any]) -> np.ndarray:
-    """Per run, the max over all its scores: ``[n_runs]``."""
-    if len(scores_by_run) == 0:
-        raise TrajscopeError("No runs given: pass one array of per-(step, layer) scores per run.")
-    maxima = np.empty(len(scores_by_run))
-    for i, run in enumerate(scores_by_run):
-        s = np.asarray(run, dtype=np.float64)
-        if s.size == 0:
-            raise TrajscopeError(f"Run {i} has no scores; drop empty runs before calibrating.")
-        if np.isnan(s).any():
-            raise TrajscopeError(f"Run {i} has NaN scores; drop or fill them before calibrating.")
-        maxima[i] = s.max()
-    return maxima
-
-
-def calibrate_max(scores_by_run: Sequence[Any], target_rate: float) -> float:
-    """Threshold on a run's max score so that prefill-like runs are flagged at most ``target_rate`` of the time.
-
-    A run is flagged when ``max(scores) > threshold``. The threshold is the
-    ``ceil((n+1)(1 − target_rate))``-th smallest of the n calibration maxima (the
-    conformal "higher" order statistic): for a new run exchangeable with the
-    calibration runs, P(flag) ≤ target_rate, with equality when (n+1)·target_rate
-    is an integer and there are no ties. Use runs disjoint from those that fit the
-    profile and from those that evaluate (:func:`split_ids`).
-
-    Args:
-        scores_by_run: one array per calibration run, any shape (e.g. ``[steps, layers]``).
-        target_rate: false-alarm rate wanted, in (0, 1).
-
-    Returns:
-        The threshold (float).
-    """
-    if not 0 < target_rate < 1:
-        raise TrajscopeError(f"target_rate must be between 0 and 1 (e.g. 0.05), not {target_rate}.")
-    maxima = np.sort(_run_maxima(scores_by_run))
-    n = maxima.size
-    k = math.ceil(round((n + 1) * (1 - target_rate), 9))
-    if k > n:
-        need = math.ceil(round((1 - target_rate) / target_rate, 9))
-        raise TrajscopeError(f"target_rate {target_rate} needs at least {need} calibration runs but got {n}; "
-                             f"add runs or raise the target rate.")
-    return float(maxima[k - 1])
-
-
-def false_alarm_rate(scores_by_run: Sequence[Any], threshold: float) -> tuple[float, float]:
-    """Fraction of runs whose max score exceeds ``threshold``, with its binomial standard error.
-
-    Args:
-        scores_by_run: one array of scores per held-out (prefill-like) run.
-        threshold: from :func:`calibrate_max`.
-
-    Returns:
-        ``(rate, se)`` with ``se = sqrt(rate (1 − rate) / n_runs)``;
-        :func:`binomial_interval` gives a Wilson interval instead.
-    """
-    flagged = _run_maxima(scores_by_run) > threshold
-    p = float(flagged.mean())
-    return p, math.sqrt(p * (1 - p) / flagged.size)
 
 
 def binomial_interval(k: int, n: int, level: float = 0.95) -> Interval:

@@ -33,7 +33,6 @@ import json
 import os
 import pathlib
 import platform
-from typing import Any
 
 import polars as pl
 import torch

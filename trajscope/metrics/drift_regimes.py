@@ -38,7 +38,8 @@ from trajscope import positions
 from trajscope.metrics.bands import (POSITION_ORDER, depth_band_expr, entropy_band_expr, position_bin,
                                      position_bin_expr, sort_bands)
 from trajscope.profile import ReferenceProfile
-from trajscope.stats import binomial_interval, bootstrap_frame, calibrate_max, false_alarm_rate
+from trajscope.conformal import calibrate_max, false_alarm_rate
+from trajscope.stats import binomial_interval, bootstrap_frame
 
 REGIMES = ("prefill", "decode", "continuation")
 POS_ORDER = POSITION_ORDER  # absolute-position bins, defined once in metrics/bands.py (shared with the SAE report)
@@ -186,7 +187,7 @@ def trajectory_calibration(calibrate: pl.DataFrame, evaluate: dict[str, pl.DataF
     Args:
         calibrate: :func:`run_statistics` of prefill-like calibration runs (continuation regime, calibrate split).
         evaluate: ``{name: run_statistics frame}`` of held-out runs to measure (e.g. ``continuation``, ``decode``).
-        target_rate: the false-alarm rate wanted (:func:`trajscope.stats.calibrate_max`).
+        target_rate: the false-alarm rate wanted (:func:`trajscope.conformal.calibrate_max`).
     Returns:
         ``{"target_rate", "expected_rate", "threshold", "n_calibrate", "rates": {name: {"rule", "rate", "se", "lo",
         "hi", "k", "n"}}}`` with Wilson 95% intervals, for the calibrated rule and (``"<name>, any flagged

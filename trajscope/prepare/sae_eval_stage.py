@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import pathlib
 
-import numpy as np
 import polars as pl
 import torch
 
