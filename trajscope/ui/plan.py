@@ -39,11 +39,26 @@ class CapturePlan:
         config: the settings the user typed (explicit layer lists included).
         want_residuals: layers whose residuals the SAE / Drift cards need.
         want_attention: layers whose full attention rows the attention view needs.
+        float16: the saved run's attention rows in float16 (:mod:`trajscope.ui.storage`).
     """
 
     config: CaptureConfig
     want_residuals: tuple[int, ...] = ()
     want_attention: tuple[int, ...] = ()
+    float16: bool = True
+
+    def kept_layers(self, n_layers: int) -> tuple[int, int]:
+        """``(attention layers, residual layers)`` this plan keeps on a model of ``n_layers`` blocks (counts).
+
+        Raises:
+            TrajscopeError: an explicit layer outside ``0..n_layers-1``.
+        """
+        c = self.for_model(n_layers)
+
+        def count(spec):
+            return n_layers if spec == "all" else len(spec or ())
+
+        return count(c.attention_layers), count(c.residual_layers)
 
     def for_model(self, n_layers: int) -> CaptureConfig:
         """The config to capture with on a model of ``n_layers`` blocks.

@@ -71,6 +71,12 @@ def get_model(source: str, remote: bool = False, api_key: str | None = None,
         return model
 
 
+def loaded_model(source: str) -> ModelHandle | None:
+    """The local model ``source`` if it is already in the cache (nothing is loaded), else None."""
+    with _MODELS_LOCK:
+        return _MODELS.get((source, False, None))
+
+
 class GenerationQueue:
     """First come, first served slots for generations across every session of the process.
 

@@ -24,13 +24,18 @@ def runs_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get(ENV) or "runs")
 
 
-def save_run(traj: Trajectory, directory: str | os.PathLike | None = None) -> pathlib.Path:
-    """Save ``traj`` as ``<directory>/<run_id>``. Returns the path.
+def save_run(traj: Trajectory, directory: str | os.PathLike | None = None, float16: bool = True) -> pathlib.Path:
+    """Save ``traj`` as ``<directory>/<run_id>``, its attention rows in float16 unless ``float16`` is False
+    (:func:`trajscope.ui.storage.compact_tensors`; the run on screen keeps its own tensors). Returns the path.
 
     Raises:
         TrajscopeError: the directory cannot be written (the message names it).
     """
-    return traj.save(pathlib.Path(directory or runs_dir()) / traj.run_id)
+    from trajscope.ui.storage import compact_tensors
+
+    copy = Trajectory(traj.meta, traj.tokens, traj.attention, traj.activations, compact_tensors(traj.tensors, float16),
+                      features=traj.features, probe=traj.probe)
+    return copy.save(pathlib.Path(directory or runs_dir()) / traj.run_id)
 
 
 def list_runs(directory: str | os.PathLike | None = None, limit: int = 50) -> dict[str, str]:

@@ -99,7 +99,10 @@ class AppState(param.Parameterized):
     max_new_tokens = param.Integer(default=64, doc="Decode steps to run at most (≥ 1; checked when Generate is pressed).")
     temperature = param.Number(default=0.0, bounds=(0.0, 5.0), doc="0 = greedy; > 0 samples with this temperature.")
     seed = param.Integer(default=0, doc="Random seed for sampling (ignored when greedy).")
-    keep_attention = param.String(default="all", doc="Layers whose full attention rows are kept for the heatmap: 'all', 'none' or '0,3'.")
+    keep_attention = param.String(default="none", doc="Layers whose full attention rows are kept besides the layer "
+                                  "shown in the heatmap: 'all', 'none' or '0,3' (other layers keep their top-8 keys).")
+    attention_float16 = param.Boolean(default=True, doc="Save the run's attention rows in float16 (half the bytes; "
+                                      "absolute error below 5e-4); off: float32.")
     keep_residuals = param.String(default="none", doc="Layers whose residuals are kept besides those the SAE and Drift cards need: 'all', 'none' or '0,3'.")
     sae_layer = param.Integer(default=None, allow_None=True, doc="Layer of the SAE the SAE card shows (its residuals are captured).")
     drift_layers = param.List(default=[], item_type=int, doc="Layers the Drift card scores (their residuals are captured).")
@@ -227,7 +230,26 @@ class AppState(param.Parameterized):
                                seed=int(self.seed), residual_layers=parse_layers(self.keep_residuals, None, "residuals"),
                                attention_layers=parse_layers(self.keep_attention, None, "full attention rows"),
                                prefill_rows="all")  # the token strip colours prompt tokens too
-        return CapturePlan(config, want_residuals=want_res, want_attention=(int(self.layer),))
+        return CapturePlan(config, want_residuals=want_res, want_attention=(int(self.layer),),
+                           float16=bool(self.attention_float16))
+
+    def size_estimate(self, shape, prompt_len: int) -> str:
+        """One sentence: about how many bytes the next Generate writes to the runs directory, and why.
+
+        Args:
+            shape: a :class:`~trajscope.ui.storage.RunShape` (or a loaded model: same attributes).
+            prompt_len: the prompt's tokens.
+        Raises:
+            TrajscopeError: the settings are not valid (as :meth:`capture_plan`).
+        """
+        from trajscope.ui.storage import RunShape, estimate_bytes, human
+
+        plan = self.capture_plan()
+        n_att, n_res = plan.kept_layers(shape.n_layers)
+        n = estimate_bytes(RunShape(shape.n_layers, shape.n_heads, shape.d_model), prompt_len,
+                           plan.config.max_new_tokens, n_att, n_res, plan.float16)
+        rows = f"full attention rows of {n_att} layer{'s' if n_att != 1 else ''}" + (" in float16" if plan.float16 else "")
+        return f"Saved run: up to {human(n)} ({rows}, residuals of {n_res} layer{'s' if n_res != 1 else ''})."
 
     def model_key(self) -> tuple[str, bool]:
         """What identifies the model to load: ``(source, remote)`` (never the key)."""

@@ -61,7 +61,7 @@ class AttentionView(StateView):
             n = int(traj.attention["pos"].max() or 0) + 1  # positions that were queries
             try:
                 rows = traj.attention_rows(layer)
-                matrix = (rows.mean(0) if h is None else rows[h]).numpy()
+                matrix = (rows.float().mean(0) if h is None else rows[h].float()).numpy()  # saved runs: float16
                 sparse = False
             except TrajscopeError:
                 matrix = plots.attention_matrix(traj.attention, layer, h, n)
