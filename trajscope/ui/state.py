@@ -144,6 +144,24 @@ class AppState(param.Parameterized):
             self._queries = step_queries(self.trajectory.attention) if self.trajectory is not None else pl.DataFrame()
         return self._queries
 
+    def provenance(self) -> str:
+        """One line naming the run on screen and its model (what every card's result belongs to).
+
+        While a generation runs the line says the run on screen is about to be replaced and that
+        actions on it wait (the views disable them).
+        """
+        traj = self.trajectory
+        if traj is None:
+            on_screen = "No run yet"
+        else:
+            model = traj.meta.get("model", {})
+            on_screen = (f"Run `{traj.run_id}` on model `{model.get('model_id', '?')}` ({model.get('n_layers', '?')} "
+                         f"layers × {model.get('n_heads', '?')} heads), {traj.n_steps} steps")
+        if self.busy:
+            return (f"{on_screen} — being replaced: a new run on `{self.model_source}` is generating; actions wait "
+                    "for it.")
+        return on_screen + "."
+
     def step_for_pos(self, pos: int) -> int:
         """The step at which position ``pos`` is the query, clamped to the run's steps."""
         return min(positions.query_step(int(pos), self.prompt_len), self.n_steps - 1) if self.n_steps else 0

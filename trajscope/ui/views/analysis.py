@@ -25,7 +25,7 @@ from trajscope.ui import analysis_plots as ap
 from trajscope.ui import openmp
 from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths, skipped_depths
 from trajscope.ui.tables import table_pane
-from trajscope.ui.views._base import StateView, dispatcher, in_background
+from trajscope.ui.views._base import StateView, any_of, dispatcher, in_background
 from trajscope.ui.views._cursor import Cursor, vline
 
 PROXY_NOTE = ("Drift score = diagonal Mahalanobis distance of the residual to the prefill mean, ÷ √d (≈ 1 for "
@@ -141,6 +141,9 @@ class SteeringView(StateView):
         s, dispatch = self.settings, dispatcher()
         if s.busy:
             return
+        if self.state.busy:
+            s.status = "A new run is generating; steer it once it is on screen."
+            return
         if self.state.trajectory is None:
             s.status = "Generate or open a run first: steering continues the run's prompt."
             return
@@ -158,6 +161,11 @@ class SteeringView(StateView):
             dispatch(lambda: (give_back(), self._finish(msg)))
 
         threading.Thread(target=run, name="trajscope-steer", daemon=True).start()
+
+    def _show(self, run, **results) -> None:
+        """Show results computed on ``run``, unless another run has replaced it meanwhile (then they are dropped)."""
+        if self.state.trajectory is run:
+            self.settings.param.update(**results)
 
     def _finish(self, msg: str) -> None:
         self.settings.busy, self.settings.status = False, msg
@@ -180,8 +188,8 @@ class SteeringView(StateView):
             kw = self._capture_kwargs()
             steered = capture(model, base.token_ids[: base.prompt_len], steering=[vec], **kw)
             ref = capture(model, base.token_ids[: base.prompt_len], **kw)
-            dispatch(lambda: self.settings.param.update(base=ref, steered=steered))
-            return f"Steered layer {vec.layer} from step {vec.start_step} with strength {vec.strength:g}."
+            dispatch(lambda: self._show(base, base=ref, steered=steered))
+            return f"Steered run {base.run_id} at layer {vec.layer} from step {vec.start_step} with strength {vec.strength:g}."
 
         self._launch(work)
 
@@ -200,8 +208,9 @@ class SteeringView(StateView):
                                  strengths=[self.settings.strength], max_new_tokens=kw["max_new_tokens"],
                                  window=10, temperature=kw["temperature"], seeds=[kw["seed"]],
                                  cancel=self._cancel, progress=False)
-            dispatch(lambda: self.settings.param.update(sweep_steps=res.steps, sweep_summary=res.summary))
-            done = "Sweep stopped early; finished depths are shown." if not res.complete else "Sweep finished."
+            dispatch(lambda: self._show(base, sweep_steps=res.steps, sweep_summary=res.summary))
+            done = (f"Sweep of run {base.run_id} stopped early; finished depths are shown." if not res.complete
+                    else f"Sweep of run {base.run_id} finished.")
             return " ".join(filter(None, [done, skipped_depths(self.settings.depths, kw["max_new_tokens"])]))
 
         self._launch(work)
@@ -233,8 +242,8 @@ class SteeringView(StateView):
         steer_btn.on_click(self.steer)
         sweep_btn.on_click(self.sweep)
         stop_btn.on_click(self.stop)
-        for b in (steer_btn, sweep_btn):
-            b.disabled = s.param.busy
+        for b in (steer_btn, sweep_btn):  # off while a steer runs, and while Generate replaces the run
+            b.disabled = pn.bind(any_of, s.param.busy, self.state.param.busy)
         busy = pn.indicators.LoadingSpinner(value=s.param.busy, width=24, height=24)
         controls = pn.Row(
             pn.widgets.TextInput.from_param(s.param.pairs_path, name="CAA contrast pairs", width=330),

@@ -23,7 +23,7 @@ from panel.theme import Design, Fast
 
 from trajscope.trajectory import Trajectory
 from trajscope.ui.state import AppState
-from trajscope.ui.views._base import StateView
+from trajscope.ui.views._base import StateView, provenance_line
 from trajscope.ui.views.analysis import DriftView, SteeringView
 from trajscope.ui.views.attention import AttentionView
 from trajscope.ui.views.compaction import CompactionView
@@ -132,15 +132,11 @@ class TrajScope(StateView):
         Tabs are rendered when first shown (``dynamic``): a new run redraws only the tab on screen.
         """
         card = dict(sizing_mode="stretch_width", collapsible=False, margin=(5, 5))
-        tabs = pn.Tabs(
-            ("Overview", pn.Column(self.telemetry, sizing_mode="stretch_width")),
-            ("Attention", self.attention),
-            ("SAE features", self.features),
-            ("Drift", self.drift),
-            ("Steering", self.steering),
-            ("Eviction", self.eviction),
-            ("Compaction", self.compaction),
-            ("Export", self.export),
+        named = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features),
+                 ("Drift", self.drift), ("Steering", self.steering), ("Eviction", self.eviction),
+                 ("Compaction", self.compaction), ("Export", self.export)]
+        tabs = pn.Tabs(  # each card opens with the run and model its results belong to
+            *[(name, pn.Column(provenance_line(self.state), view, sizing_mode="stretch_width")) for name, view in named],
             dynamic=True, sizing_mode="stretch_width", css_classes=["ts-tabs"])
         self.tabs = tabs
         views = [self.telemetry, self.attention, self.features, self.drift, self.steering, self.eviction,

@@ -112,6 +112,20 @@ class Controls(StateView):
             self.job.stop()
             self.ticker.message = "Stopping after the current step…"
 
+    def size_text(self, *_) -> str:
+        """The size estimate shown under the settings (needs the model loaded: the page loads it at start)."""
+        from trajscope.ui.runner import loaded_model
+
+        st = self.state
+        try:
+            source, remote = st.model_key()
+            model = None if remote else loaded_model(source)
+            if model is None:
+                return "Saved run size: shown once the model is loaded."
+            return st.size_estimate(model, len(model.encode(st.prompt)))
+        except TrajscopeError as exc:
+            return str(exc)
+
     def _on_wait(self, n_ahead: int) -> None:
         self.ticker.message = (f"Waiting for a free generation slot: {n_ahead} generation{'s' if n_ahead > 1 else ''} "
                                "ahead of yours (Stop leaves the queue).")
@@ -148,8 +162,9 @@ class Controls(StateView):
     def _save(self, traj, done: str) -> None:
         """Save the run to the runs directory off the event loop; list it, or say why it was not saved."""
         def work():
+            float16 = getattr(getattr(self.job, "plan", None), "float16", True)
             try:
-                return saved_runs.save_run(traj), None
+                return saved_runs.save_run(traj, float16=float16), None
             except TrajscopeError as exc:
                 return None, str(exc)
 
@@ -204,11 +219,18 @@ class Controls(StateView):
         seed = pn.widgets.IntInput.from_param(st.param.seed, name="Seed", width=75)
         keep = pn.widgets.TextInput.from_param(st.param.keep_attention, name="Keep full attention rows of layers",
                                                description="'all', 'none' or indices like '0,3'. The layer shown in "
-                                               "the heatmap is always kept; other layers show their top-8 keys only.")
+                                               "the heatmap is always kept; other layers show their top-8 keys only. "
+                                               "Full rows cost heads × n² numbers per layer (see the estimate below).")
         keep_res = pn.widgets.TextInput.from_param(
             st.param.keep_residuals, name="Keep residuals of layers", css_classes=["ts-keep-residuals"],
             description="'all', 'none' or indices like '0,3'. The SAE's layer and the Drift card's layers are "
                         "always kept; add layers here to export their residuals or to switch SAE / profile later.")
+        f16 = pn.widgets.Checkbox.from_param(st.param.attention_float16, name="Save attention rows in float16")
+        size = pn.pane.Markdown(pn.bind(self.size_text, st.param.max_new_tokens, st.param.keep_attention,
+                                        st.param.keep_residuals, st.param.attention_float16, st.param.layer,
+                                        st.param.model_source, st.param.prompt, st.param.busy),
+                                css_classes=["ts-size-estimate"], styles={"font-size": "0.8em", "color": "#555"},
+                                sizing_mode="stretch_width")
         gen = pn.widgets.Button(label="Generate", color="primary", width=130, css_classes=["ts-generate"])
         stop = pn.widgets.Button(label="Stop", color="danger", width=90, disabled=True, css_classes=["ts-stop"])
         gen.on_click(self.generate)
@@ -225,6 +247,6 @@ class Controls(StateView):
         open_btn = pn.widgets.Button(label="Open run", width=110, css_classes=["ts-open"])
         open_btn.on_click(self.open_run)
         return pn.Column(
-            "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res,
+            "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res, f16, size,
             pn.Row(gen, stop), self.ticker, alert,
             pn.pane.HTML("<hr style='border: none; border-top: 1px solid #ddd'>", sizing_mode="stretch_width"), self.saved, path, open_btn, sizing_mode="stretch_width")
