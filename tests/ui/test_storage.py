@@ -16,7 +16,7 @@ def _bytes(path: pathlib.Path) -> int:
 
 
 def _run(model, state: AppState) -> ts.Trajectory:
-    config = state.capture_plan().for_model(model.n_layers).replace(stop_at_eos=False)
+    config = state.capture_plan().for_model(model.n_layers, model.d_model, model.model_id).replace(stop_at_eos=False)
     return ts.capture(model, state.prompt, config)
 
 
@@ -43,17 +43,18 @@ def test_full_rows_are_a_choice_and_cost_what_the_estimate_says(sample_model, tm
     small = saved_runs.save_run(traj, tmp_path / "small")
     full = saved_runs.save_run(traj, tmp_path / "full", float16=False)
     assert ts.Trajectory.load(full).tensors["attention.0"].dtype == torch.float32
-    rows = sum(v.numel() for k, v in traj.tensors.items() if k.startswith("attention."))
-    assert _bytes(full) - _bytes(small) == pytest.approx(2 * rows, rel=0.01)  # float32 minus float16
+    numbers = sum(v.numel() for v in traj.tensors.values())
+    assert _bytes(full) - _bytes(small) == pytest.approx(2 * numbers, rel=0.01)  # float32 minus float16
     text = st.size_estimate(sample_model, traj.prompt_len)
     m = sample_model
-    est = estimate_bytes(RunShape(m.n_layers, m.n_heads, m.d_model), traj.prompt_len, 40, m.n_layers, 0, False)
-    assert human(est) in text and f"{m.n_layers} layers" in text and "float16" not in text
+    est = estimate_bytes(RunShape(m.n_layers, m.n_heads, m.d_model), traj.prompt_len, 40, m.n_layers,
+                         len(traj.meta["residual_layers"] or ()), False)
+    assert human(est) in text and f"{m.n_layers} layers" in text and "float32" in text
     assert 0.7 < _bytes(full) / est < 1.3
 
 
-def test_compact_tensors_leaves_residuals_alone():
+def test_compact_tensors_halves_floats_only_when_asked():
     t = {"attention.0": torch.rand(2, 3, 3), "residual.0": torch.rand(3, 4)}
     out = compact_tensors(t)
-    assert out["attention.0"].dtype == torch.float16 and out["residual.0"].dtype == torch.float32
+    assert out["attention.0"].dtype == out["residual.0"].dtype == torch.float16
     assert compact_tensors(t, float16=False)["attention.0"].dtype == torch.float32

@@ -265,7 +265,7 @@ class GenerationJob:
 
     def _config(self, model: ModelHandle):
         plan = self.plan
-        return plan.for_model(model.n_layers) if hasattr(plan, "for_model") else plan
+        return plan.for_model(model.n_layers, model.d_model, model.model_id) if hasattr(plan, "for_model") else plan
 
     def _run(self) -> None:
         def waiting(n_ahead: int) -> None:

@@ -25,7 +25,7 @@ def runs_dir() -> pathlib.Path:
 
 
 def save_run(traj: Trajectory, directory: str | os.PathLike | None = None, float16: bool = True) -> pathlib.Path:
-    """Save ``traj`` as ``<directory>/<run_id>``, its attention rows in float16 unless ``float16`` is False
+    """Save ``traj`` as ``<directory>/<run_id>``, its tensors in float16 unless ``float16`` is False
     (:func:`trajscope.ui.storage.compact_tensors`; the run on screen keeps its own tensors). Returns the path.
 
     Raises:

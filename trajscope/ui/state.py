@@ -101,11 +101,15 @@ class AppState(param.Parameterized):
     seed = param.Integer(default=0, doc="Random seed for sampling (ignored when greedy).")
     keep_attention = param.String(default="none", doc="Layers whose full attention rows are kept besides the layer "
                                   "shown in the heatmap: 'all', 'none' or '0,3' (other layers keep their top-8 keys).")
-    attention_float16 = param.Boolean(default=True, doc="Save the run's attention rows in float16 (half the bytes; "
-                                      "absolute error below 5e-4); off: float32.")
+    attention_float16 = param.Boolean(default=True, doc="Save the run's attention rows and residuals in float16 "
+                                      "(half the bytes; attention error below 5e-4); off: float32.")
     keep_residuals = param.String(default="none", doc="Layers whose residuals are kept besides those the SAE and Drift cards need: 'all', 'none' or '0,3'.")
     sae_layer = param.Integer(default=None, allow_None=True, doc="Layer of the SAE the SAE card shows (its residuals are captured).")
+    sae_width = param.Integer(default=None, allow_None=True, doc="Width the SAE reads: its layer is captured only on "
+                              "models of that width (None: on any model).")
     drift_layers = param.List(default=[], item_type=int, doc="Layers the Drift card scores (their residuals are captured).")
+    drift_width = param.Integer(default=None, allow_None=True, doc="Width of the model the drift profile was built on: "
+                                "its layers are captured only on models of that width (None: on any model).")
     run_path = param.String(default="", doc="Path of a saved run directory to open.")
 
     # -- activity ----------------------------------------------------------------------------
@@ -243,13 +247,16 @@ class AppState(param.Parameterized):
         from trajscope.ui.operator import config
 
         config().new_tokens(int(self.max_new_tokens))
-        want_res = tuple(sorted({*(self.drift_layers or ()), *(() if self.sae_layer is None else (self.sae_layer,))}))
+        wants = [(layer, self.drift_width) for layer in self.drift_layers or ()]
+        wants += [] if self.sae_layer is None else [(self.sae_layer, self.sae_width)]
+        want_res = tuple(sorted({layer for layer, width in wants if width is None}))
+        want_if_width = tuple(sorted({(layer, width) for layer, width in wants if width is not None}))
         config = CaptureConfig(max_new_tokens=int(self.max_new_tokens), temperature=float(self.temperature),
                                seed=int(self.seed), residual_layers=parse_layers(self.keep_residuals, None, "residuals"),
                                attention_layers=parse_layers(self.keep_attention, None, "full attention rows"),
                                prefill_rows="all")  # the token strip colours prompt tokens too
         return CapturePlan(config, want_residuals=want_res, want_attention=(int(self.layer),),
-                           float16=bool(self.attention_float16))
+                           float16=bool(self.attention_float16), want_if_width=want_if_width, shipped=True)
 
     def size_estimate(self, shape, prompt_len: int) -> str:
         """One sentence: about how many bytes the next Generate writes to the runs directory, and why.
@@ -263,11 +270,12 @@ class AppState(param.Parameterized):
         from trajscope.ui.storage import RunShape, estimate_bytes, human
 
         plan = self.capture_plan()
-        n_att, n_res = plan.kept_layers(shape.n_layers)
+        n_att, n_res = plan.kept_layers(shape.n_layers, shape.d_model, getattr(shape, "model_id", None))
         n = estimate_bytes(RunShape(shape.n_layers, shape.n_heads, shape.d_model), prompt_len,
                            plan.config.max_new_tokens, n_att, n_res, plan.float16)
-        rows = f"full attention rows of {n_att} layer{'s' if n_att != 1 else ''}" + (" in float16" if plan.float16 else "")
-        return f"Saved run: up to {human(n)} ({rows}, residuals of {n_res} layer{'s' if n_res != 1 else ''})."
+        kept = (f"full attention rows of {n_att} layer{'s' if n_att != 1 else ''}, residuals of {n_res} "
+                f"layer{'s' if n_res != 1 else ''}" + (", in float16" if plan.float16 else ", in float32"))
+        return f"Saved run: up to {human(n)} ({kept})."
 
     def model_key(self) -> tuple[str, bool]:
         """What identifies the model to load: ``(source, remote)`` (never the key)."""

@@ -44,8 +44,8 @@ def estimate_bytes(shape: RunShape, prompt_len: int, max_new_tokens: int, attent
         prompt_len: prompt tokens P.
         max_new_tokens: decode steps N.
         attention_layers: layers whose full attention rows are kept.
-        residual_layers: layers whose residuals are kept (float32).
-        float16: attention rows written in float16 (else float32).
+        residual_layers: layers whose residuals are kept.
+        float16: tensors written in float16 (else float32).
     Returns:
         The estimate in bytes: tables (every prompt row computed, as the app asks) plus tensors.
     """
@@ -54,20 +54,20 @@ def estimate_bytes(shape: RunShape, prompt_len: int, max_new_tokens: int, attent
     tables = (queries * shape.n_layers * shape.n_heads * ATTENTION_ROW_BYTES + (n + 1) * TOKEN_ROW_BYTES
               + n * shape.n_layers * ACTIVATION_ROW_BYTES)
     rows = attention_layers * shape.n_heads * n * n * (2 if float16 else 4)
-    residuals = residual_layers * n * shape.d_model * 4
+    residuals = residual_layers * n * shape.d_model * (2 if float16 else 4)
     return int(tables + rows + residuals)
 
 
 def compact_tensors(tensors: dict[str, torch.Tensor], float16: bool = True) -> dict[str, torch.Tensor]:
-    """The tensors as the app writes them: attention rows in float16 when ``float16``, the rest as they are.
+    """The tensors as the app writes them: in float16 when ``float16``, else as they are.
 
-    Attention probabilities lie in [0, 1], where float16 keeps about 3 significant digits (absolute
-    error below 5e-4), enough for heatmaps and top keys; residuals stay float32 (SAEs and profiles
-    read them).
+    Attention probabilities lie in [0, 1], where float16 keeps an absolute error below 5e-4, enough
+    for heatmaps and top keys; residuals keep a relative error below 1e-3 (an SAE or a profile reads
+    them upcast; residual norms of small models stay far below float16's 65,504).
     """
     if not float16:
         return dict(tensors)
-    return {k: v.half() if k.startswith("attention.") and v.is_floating_point() else v for k, v in tensors.items()}
+    return {k: v.half() if v.is_floating_point() else v for k, v in tensors.items()}
 
 
 def human(n_bytes: float) -> str:

@@ -22,6 +22,7 @@ import param
 
 from trajscope.errors import TrajscopeError
 from trajscope.ui import analysis_plots as ap
+from trajscope.ui import artefacts
 from trajscope.ui import openmp
 from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths, skipped_depths
 from trajscope.ui.tables import table_pane
@@ -53,11 +54,13 @@ class DriftView(StateView):
         s = self.settings
         self._ticket += 1
         ticket, traj = self._ticket, self.state.trajectory
+        if traj is not None and self._misfit(traj):
+            return
         try:
             prof = s.profile()
-            self.state.drift_layers = list(range(prof.n_layers))
+            self.state.param.update(drift_layers=artefacts.drift_layers(prof.n_layers), drift_width=prof.d_model)
         except TrajscopeError as exc:
-            self.state.drift_layers = []
+            self.state.param.update(drift_layers=[], drift_width=None)
             s.param.update(drift=None, message=str(exc))
             return
         if traj is None:
@@ -68,6 +71,24 @@ class DriftView(StateView):
             return
         s.param.update(drift=None, message="Scoring the run against the profile…")
         in_background(lambda: s.score(traj, prof), lambda res: self._apply(ticket, traj, res))
+
+    def _misfit(self, traj) -> bool:
+        """When the profile does not fit the run's model: switch to a shipped one that does, or say none does.
+        True when the profile at ``profile_path`` is not used."""
+        s = self.settings
+        facts = artefacts.model_facts(traj.meta)
+        try:
+            why = artefacts.profile_misfit(s.profile().info, facts)
+        except TrajscopeError:
+            why = None  # no profile there: _recompute says so
+        if why is None:
+            return False
+        other = artefacts.find_profile(facts)
+        if other is not None:
+            s.profile_path = str(other)  # its watcher recomputes with it
+            return True
+        s.param.update(drift=None, message=artefacts.no_profile(facts, why))
+        return True
 
     def _apply(self, ticket: int, traj, result) -> None:
         """Show the drift table; put per-token flags on the token strip (``drift_flagged_layers``, ``drift_score_max``)."""
@@ -93,7 +114,8 @@ class DriftView(StateView):
         self.cursor.step = st.step
         heat = ap.drift_heatmap(drift, P, texts).opts(hooks=[self.cursor.hook])
         curves = ap.drift_curves(drift, self.settings.thresholds, P, texts).opts(hooks=[self.cursor.hook])
-        return pn.Column(pn.pane.HoloViews(heat, sizing_mode="stretch_width"),
+        note = [pn.pane.Alert(message, alert_type="info", css_classes=["ts-drift-note"])] if message else []
+        return pn.Column(*note, pn.pane.HoloViews(heat, sizing_mode="stretch_width"),
                          pn.pane.HoloViews(curves, sizing_mode="stretch_width"), sizing_mode="stretch_width")
 
     def __panel__(self):

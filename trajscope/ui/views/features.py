@@ -28,6 +28,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.model import sample_data_dir
 from trajscope.sae.index import FeatureIndex, density_table
 from trajscope.sae.labels import FeatureLabels
+from trajscope.ui import artefacts
 from trajscope.ui import feature_plots as fp
 from trajscope.ui.tables import table_pane
 from trajscope.ui.views._base import StateView, in_background
@@ -128,14 +129,30 @@ class FeaturesView(StateView):
             self._sae, self._sae_loaded_from = None, self.sae_path
             path = config().path(self.sae_path, "SAE directory")  # typed in the browser: inside the data directories
             if not pathlib.Path(path).is_dir():
-                self.state.sae_layer = None
+                self.state.param.update(sae_layer=None, sae_width=None)
                 raise TrajscopeError(f"No SAE directory at {self.sae_path}.")
             self._sae = SAE.load(str(path))
-            self.state.sae_layer = int(self._sae.cfg.layer)
+            self.state.param.update(sae_layer=int(self._sae.cfg.layer), sae_width=int(self._sae.cfg.d_in))
             self.card.param.update(labels=FeatureLabels(path), index=FeatureIndex.load(path), feature=None)
         if self._sae is None:
             raise TrajscopeError(f"No SAE directory at {self.sae_path}.")
         return self._sae
+
+    def _misfit(self, traj) -> bool:
+        """When the SAE does not fit the run's model: switch to a shipped one that does, or say none does
+        (and show nothing of the other model's SAE). True when the SAE at ``sae_path`` is not used."""
+        facts = artefacts.model_facts(traj.meta)
+        why = artefacts.sae_misfit(self.sae_path, facts)
+        if why is None:
+            return False
+        other = artefacts.find_sae(facts)
+        if other is not None:
+            self.sae_path = str(other)  # its watcher recomputes with it
+            return True
+        self._sae = self._sae_loaded_from = None  # a later fitting path loads afresh
+        self.card.param.update(feature=None, index=None, run_density=None)
+        self._apply(self._ticket, (None, artefacts.no_sae(facts, why)))
+        return True
 
     def choose(self, feature: int | None) -> None:
         """Show ``feature`` in the card."""
@@ -158,6 +175,8 @@ class FeaturesView(StateView):
         """Encode the run's residuals with the SAE, off the event loop; stale results are dropped."""
         self._ticket += 1
         ticket, traj = self._ticket, self.state.trajectory
+        if traj is not None and self._misfit(traj):
+            return
         try:
             sae = self._load_sae()
         except TrajscopeError as exc:
