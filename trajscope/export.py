@@ -4,7 +4,8 @@ Every Parquet file trajscope writes carries two key-value metadata entries,
 ``trajscope_schema`` (the schema version, see ``docs/schema.md``) and
 ``trajscope_table`` (which table it is). :func:`read_table` checks them: a file
 from an older schema version is refused with a message saying which version it
-is and which this trajscope reads.
+is and which this trajscope reads (version 2 is read, its ``tokens`` given the
+``segment`` column of version 3).
 
 :func:`export` turns many run directories into one Hive-partitioned dataset,
 ``OUT/<table>/model=<id>/run_id=<id>/part-0.parquet``, streaming one run at a
@@ -23,8 +24,9 @@ from typing import Iterable, Sequence
 
 import polars as pl
 
+from trajscope import positions
 from trajscope.errors import TrajscopeError
-from trajscope.trajectory import OPTIONAL_TABLES, SCHEMA_VERSION, TABLES, Trajectory, parquet_metadata
+from trajscope.trajectory import OPTIONAL_TABLES, SCHEMA_VERSION, TABLES, Trajectory, parquet_metadata, upgrade_tokens_v2
 
 ALL_TABLES = TABLES + OPTIONAL_TABLES
 
@@ -39,10 +41,15 @@ def read_table(path: str | os.PathLike) -> pl.DataFrame:
     version = meta.get("trajscope_schema")
     if version is None:
         raise TrajscopeError(f"'{path}' has no trajscope schema version; it was not written by trajscope.")
-    if int(version) != SCHEMA_VERSION:
-        raise TrajscopeError(f"'{path}' uses trajscope schema version {version}; this trajscope reads version "
-                             f"{SCHEMA_VERSION} (see docs/schema.md for the differences).")
-    return pl.read_parquet(path)
+    if int(version) not in (2, SCHEMA_VERSION):
+        raise TrajscopeError(f"'{path}' uses trajscope schema version {version}; this trajscope reads versions "
+                             f"2 and {SCHEMA_VERSION} (see docs/schema.md for the differences).")
+    df = pl.read_parquet(path)
+    if meta.get("trajscope_table") == "tokens" and "segment" not in df.columns and "phase" in df.columns:
+        # version 2 (docs/schema.md, "Converters"): the prompt length of each run is its count of prefill rows
+        parts = df.partition_by("run_id", maintain_order=True) if "run_id" in df.columns else [df]
+        df = pl.concat([upgrade_tokens_v2(part, int((part["phase"] == positions.PREFILL).sum())) for part in parts])
+    return df
 
 
 def _safe(value: str) -> str:

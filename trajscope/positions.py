@@ -1,4 +1,4 @@
-"""Steps, positions and phases: the one home of trajscope's vocabulary (DESIGN.md).
+"""Steps, positions, phases and segments: the one home of trajscope's vocabulary (DESIGN.md).
 
 With a prompt of ``P`` tokens:
 
@@ -21,6 +21,19 @@ other file writes ``P + s − 1`` by hand. Each rule comes three ways: plain
 functions over ints (and NumPy arrays), Polars expressions (``*_expr``; the
 prompt length may be an int or an expression such as ``pl.col("prompt_len")``),
 and :func:`step_of_positions` for a torch ``[T]`` step index.
+
+``segment`` is the conversational regime of a position, beside ``phase``:
+``"system"``, ``"user"``, ``"assistant"`` or ``"thinking"`` (:data:`SEGMENTS`).
+A chat prompt's positions take the segment of the message whose turn renders
+them (:mod:`trajscope.chat`; role markup belongs to its message's turn);
+generated tokens are ``"assistant"``. A plain-text (or token-id) prompt is
+``"user"`` at every prompt position, so a continuation splits the same way:
+the user's text, then the model's. Inside an assistant turn or the generated
+text, everything from a thinking opening tag to its closing tag, both tags
+included (:data:`THINK_TAGS`, e.g. ``<think>…</think>``), is ``"thinking"``; an
+unclosed tag thinks to the end. :func:`thinking_spans` finds these spans in
+text, :func:`segment_runs` / :func:`segments_from_runs` convert between
+per-position labels and the run-length form that ``meta.json`` records.
 """
 
 from __future__ import annotations
@@ -34,6 +47,16 @@ import torch
 PREFILL = "prefill"
 DECODE = "decode"
 PHASES = (PREFILL, DECODE)
+
+SYSTEM = "system"
+USER = "user"
+ASSISTANT = "assistant"
+THINKING = "thinking"
+SEGMENTS = (SYSTEM, USER, ASSISTANT, THINKING)
+PLAIN_PROMPT_SEGMENT = USER  # every position of a plain-text or token-id prompt
+GENERATED_SEGMENT = ASSISTANT  # generated tokens, outside thinking spans
+ROLE_SEGMENT = {"system": SYSTEM, "developer": SYSTEM, "user": USER, "tool": USER, "assistant": ASSISTANT}
+THINK_TAGS = (("<think>", "</think>"), ("<thinking>", "</thinking>"))
 
 IntLike = Union[int, np.ndarray]
 LenLike = Union[int, pl.Expr]
@@ -86,6 +109,66 @@ def phase(pos: int, prompt_len: int) -> str:
 def phases(pos: np.ndarray, prompt_len: int) -> np.ndarray:
     """:func:`phase` of an array of positions (NumPy strings)."""
     return np.where(pos < prompt_len, PREFILL, DECODE)
+
+
+def thinking_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of thinking in ``text``: each opening tag through its closing tag.
+
+    An opening tag with no closing tag thinks to the end of the text (a generation cut off mid-thought).
+    """
+    spans, i = [], 0
+    while True:
+        found = [(text.find(o, i), o, c) for o, c in THINK_TAGS if text.find(o, i) >= 0]
+        if not found:
+            return spans
+        start, _, close = min(found)
+        j = text.find(close, start)
+        end = len(text) if j < 0 else j + len(close)
+        spans.append((start, end))
+        i = end
+
+
+def overlaps_thinking(starts: list[int], ends: list[int], text: str, open_at_start: bool = False) -> list[bool]:
+    """Whether each character range ``[start, end)`` of ``text`` overlaps a :func:`thinking_spans` span.
+
+    ``open_at_start``: the text continues a thought opened before it (a prompt that ends inside one).
+    """
+    shift = len(THINK_TAGS[0][0]) if open_at_start else 0
+    spans = thinking_spans(THINK_TAGS[0][0] + text if open_at_start else text)
+    spans = [(a - shift, b - shift) for a, b in spans]
+    return [any(a < e and s < b for a, b in spans) if e > s else any(a <= s < b for a, b in spans)
+            for s, e in zip(starts, ends)]
+
+
+def generated_segments(texts: list[str], thinking_open: bool = False) -> list[str]:
+    """Segments of generated tokens (their decoded texts, in order): ``"thinking"`` where a token overlaps a
+    thinking span of the concatenated text, ``"assistant"`` elsewhere."""
+    starts, ends, at = [], [], 0
+    for t in texts:
+        starts.append(at)
+        at += len(t)
+        ends.append(at)
+    think = overlaps_thinking(starts, ends, "".join(texts), thinking_open)
+    return [THINKING if k else GENERATED_SEGMENT for k in think]
+
+
+def segment_runs(labels: list[str]) -> list[list]:
+    """Run-length form ``[[segment, start_pos, end_pos], ...]`` (end exclusive) of per-position labels."""
+    runs: list[list] = []
+    for i, lab in enumerate(labels):
+        if runs and runs[-1][0] == lab:
+            runs[-1][2] = i + 1
+        else:
+            runs.append([lab, i, i + 1])
+    return runs
+
+
+def segments_from_runs(runs: list | None, n: int) -> list[str]:
+    """Per-position labels of ``n`` positions from :func:`segment_runs` (None: a plain prompt, all ``"user"``)."""
+    out = [PLAIN_PROMPT_SEGMENT] * n
+    for seg, a, b in runs or ():
+        out[a:b] = [seg] * (min(b, n) - a)
+    return out
 
 
 def step_of_positions(n_positions: int, prompt_len: int) -> torch.Tensor:

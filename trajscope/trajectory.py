@@ -10,7 +10,9 @@ for at capture time, tensors:
   step consumed). ``step`` is the forward pass in which the position was a
   query (the query step: 0 for the prompt) and ``produced_at_step`` the pass
   that produced a generated token (null for the prompt); both come from
-  :mod:`trajscope.positions`.
+  :mod:`trajscope.positions`, as does ``segment`` (``system`` / ``user`` /
+  ``assistant`` / ``thinking``: the turn a position belongs to; a plain prompt is
+  ``user`` and its continuation ``assistant``).
 - ``attention``: one row per query position × layer × head (step 0 holds the P
   prompt queries of the prefill pass, step s ≥ 1 the one decode query).
 - ``activations``: one row per computed position × layer (block outputs).
@@ -41,7 +43,8 @@ import torch
 from trajscope import positions
 from trajscope.errors import TrajscopeError
 
-SCHEMA_VERSION = 2  # 2: tokens.produced_at_step; step is always the query step
+SCHEMA_VERSION = 3  # 2: tokens.produced_at_step; step is always the query step. 3: tokens.segment
+READABLE_VERSIONS = (1, 2, 3)  # Trajectory.load upgrades older run directories in memory (upgrade_tokens)
 TABLES = ("tokens", "attention", "activations")
 OPTIONAL_TABLES = ("features", "probe")  # present when an SAE / a drift probe was attached
 TENSOR_FILE = "tensors.safetensors"
@@ -215,9 +218,9 @@ class Trajectory:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TrajscopeError(f"Run directory '{path}' has a corrupt meta.json ({exc}).") from None
         version = meta.get("schema_version")
-        if version not in (1, SCHEMA_VERSION):
+        if version not in READABLE_VERSIONS:
             raise TrajscopeError(f"Run directory '{path}' has schema version {version}; this trajscope reads "
-                                 f"versions 1 and {SCHEMA_VERSION}.")
+                                 f"versions {', '.join(map(str, READABLE_VERSIONS))}.")
         tables = {}
         for name in list(TABLES) + [t for t in OPTIONAL_TABLES if t in meta.get("tables", ())]:
             f = path / f"{name}.parquet"
@@ -242,8 +245,8 @@ class Trajectory:
                 tensors = load_file(str(f))
             except Exception as exc:
                 raise TrajscopeError(f"Run directory '{path}' has an unreadable {TENSOR_FILE} ({exc}).") from None
-        if version == 1:  # converter: v1 tokens lack produced_at_step (same meaning of step)
-            tables["tokens"] = upgrade_tokens_v1(tables["tokens"], int(meta["prompt_len"]))
+        if version != SCHEMA_VERSION:  # converters: docs/schema.md, "Converters"
+            tables["tokens"] = upgrade_tokens(tables["tokens"], int(meta["prompt_len"]))
             meta["schema_version"] = SCHEMA_VERSION
         return cls(meta=meta, tensors=tensors, **tables)
 
@@ -265,3 +268,22 @@ def upgrade_tokens_v1(tokens: pl.DataFrame, prompt_len: int) -> pl.DataFrame:
     i = cols.index("step") + 1 if "step" in cols else len(cols)
     out = tokens.with_columns(positions.produced_at_step_expr(prompt_len))
     return out.select(*cols[:i], "produced_at_step", *cols[i:])
+
+
+def upgrade_tokens_v2(tokens: pl.DataFrame, prompt_len: int) -> pl.DataFrame:
+    """Schema 2 → 3: add ``segment`` after ``phase``: older runs had plain prompts, so prompt positions are
+    ``user`` and generated ones ``assistant`` (``thinking`` inside thinking tags of the generated text)."""
+    if "segment" in tokens.columns:
+        return tokens
+    texts = tokens.sort("pos")["text"].to_list()
+    P = min(prompt_len, len(texts))
+    seg = positions.segments_from_runs(None, P) + positions.generated_segments(texts[P:])
+    cols = tokens.columns
+    i = cols.index("phase") + 1 if "phase" in cols else len(cols)
+    out = tokens.sort("pos").with_columns(pl.Series("segment", seg, dtype=pl.String))
+    return out.select(*cols[:i], "segment", *cols[i:])
+
+
+def upgrade_tokens(tokens: pl.DataFrame, prompt_len: int) -> pl.DataFrame:
+    """A tokens table of any readable schema version, brought to :data:`SCHEMA_VERSION`."""
+    return upgrade_tokens_v2(upgrade_tokens_v1(tokens, prompt_len), prompt_len)

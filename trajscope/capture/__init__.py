@@ -39,6 +39,7 @@ from trajscope.capture.chunks import STREAM_DELAY_S, StepChunks
 from trajscope.capture.config import CaptureConfig, LayerSpec, resolve_layers
 from trajscope.capture.record import StepRecord
 from trajscope.capture.tables import build_tables
+from trajscope.chat import encode_prompt, prompt_fields
 from trajscope.errors import TrajscopeError
 from trajscope.model import ModelHandle
 from trajscope.model.forward import steer_specs
@@ -100,14 +101,16 @@ def _gen_kwargs(model: ModelHandle, cfg: CaptureConfig) -> dict[str, Any]:
     return kw
 
 
-def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConfig | None = None, *,
+def capture(model: ModelHandle, prompt: str | Sequence[int] | Sequence[dict], config: CaptureConfig | None = None, *,
             on_step: Callable[[StepEvent], None] | None = None, cancel: Any = None, run_id: str | None = None,
             **settings: Any) -> Trajectory:
     """Generate a continuation and record every step.
 
     Args:
         model: from :func:`trajscope.load_model`.
-        prompt: text, or token ids.
+        prompt: text, token ids, or chat messages ``[{"role": ..., "content": ...}]`` (rendered through the
+            tokenizer's chat template with the generation prompt: :mod:`trajscope.chat`; ``meta.json``
+            records the messages and the rendered text, and ``tokens.segment`` each position's turn).
         config: a :class:`CaptureConfig` (default settings when None).
         on_step: called with a :class:`StepEvent` for each step, in order (locally while
             generating, in bursts at most about 0.1 s behind it; for NDIF, after the results come back).
@@ -123,7 +126,7 @@ def capture(model: ModelHandle, prompt: str | Sequence[int], config: CaptureConf
         ``"eos"``, ``"cancelled"`` or ``"interrupted"``.
     """
     cfg = (config or CaptureConfig()).replace(**settings) if settings else (config or CaptureConfig())
-    ids = model.encode(prompt)
+    ids, prompt = encode_prompt(model, prompt)
     P = len(ids)
     N = cfg.max_new_tokens
     model.check_fits(P, N)
@@ -202,12 +205,16 @@ def prepare(model: ModelHandle, cfg: CaptureConfig) -> tuple[list[int], list[int
     return res_layers, row_layers, probe_spec, attachments.sae_spec(model, cfg.sae, cfg.sae_top_k)
 
 
-def run_meta(model: ModelHandle, cfg: CaptureConfig, prompt: str | Sequence[int], P: int, run_id: str,
+def run_meta(model: ModelHandle, cfg: CaptureConfig, prompt: Any, P: int, run_id: str,
              res_layers: list[int], row_layers: list[int], sae_spec: tuple | None) -> dict:
-    """What a capture's ``meta.json`` records before the run (settings, model, versions)."""
+    """What a capture's ``meta.json`` records before the run (settings, model, versions).
+
+    ``prompt`` is the text, the token ids, or the :class:`~trajscope.chat.ChatPrompt` of
+    :func:`~trajscope.chat.encode_prompt` (which adds ``messages`` and the prompt's segment runs).
+    """
     return {
         "run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "prompt": prompt if isinstance(prompt, str) else None, "prompt_len": P,
+        **prompt_fields(prompt, P), "prompt_len": P,
         "sampling": cfg.sampling, "model": model.describe(), "versions": library_versions(),
         "capture": cfg.to_dict(), "residual_layers": res_layers, "attention_layers": row_layers,
         "top_k_keys": cfg.top_k_keys, "top_k_tokens": cfg.top_k_tokens,

@@ -40,6 +40,7 @@ from typing import Callable, Sequence
 import torch
 
 from trajscope.capture import CaptureConfig, finish, prepare, run_meta
+from trajscope.chat import encode_prompt
 from trajscope.capture import capture as capture_one
 from trajscope.capture import kernels
 from trajscope.capture.chunks import chunk_size
@@ -68,14 +69,14 @@ def _check(model: ModelHandle, cfg: CaptureConfig, batch_size: int, padding_side
                              "load it with attn='rows' (the default) or 'eager' to capture.")
 
 
-def capture_batch(model: ModelHandle, prompts: Sequence[str | Sequence[int]], config: CaptureConfig | None = None, *,
+def capture_batch(model: ModelHandle, prompts: Sequence[str | Sequence[int] | Sequence[dict]], config: CaptureConfig | None = None, *,
                   batch_size: int = 8, padding_side: str = "left", run_ids: Sequence[str | None] | None = None,
                   on_prompt: Callable[[int, int], None] | None = None) -> list[Trajectory]:
     """Capture many prompts, ``batch_size`` at a time, padded on ``padding_side``.
 
     Args:
         model: from :func:`trajscope.load_model`.
-        prompts: texts or token-id lists (lengths may differ).
+        prompts: texts, token-id lists or chat message lists (lengths may differ).
         config: a :class:`CaptureConfig` shared by every prompt (batches need ``temperature=0`` and no steering).
         batch_size: prompts per batch; 1 runs :func:`trajscope.capture` on each prompt.
         padding_side: ``"left"`` or ``"right"``.
@@ -116,7 +117,8 @@ def _capture_group(model: ModelHandle, prompts: list, cfg: CaptureConfig, paddin
                    run_ids: list) -> list[Trajectory]:
     """One batch: greedy continuations decoded together, each step's reads cut into capture's records."""
     res_layers, row_layers, probe_spec, sae_spec = prepare(model, cfg)
-    encoded = [model.encode(p) for p in prompts]
+    pairs = [encode_prompt(model, p) for p in prompts]
+    encoded, prompts = [ids for ids, _ in pairs], [p for _, p in pairs]
     for ids in encoded:
         model.check_fits(len(ids), cfg.max_new_tokens)
     limit = cfg.prefill_row_limit

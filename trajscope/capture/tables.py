@@ -5,7 +5,9 @@ one run into the ``tokens``, ``attention`` and ``activations`` tables and the
 kept tensors. Positions, steps and phases come from :mod:`trajscope.positions`:
 ``tokens.step`` is the *query step* of the position (0 for the prompt) and
 ``tokens.produced_at_step`` the step that produced a generated token (null for
-prompt tokens), as ``docs/schema.md`` states.
+prompt tokens), as ``docs/schema.md`` states. ``tokens.segment`` is the prompt's
+segments as ``meta["prompt_segments"]`` records them (all ``user`` for a plain prompt)
+followed by :func:`trajscope.positions.generated_segments` of the generated tokens.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def build_tables(meta: dict, recs: Sequence[StepRecord], token_ids: list[int], f
     """Turn per-step capture records into the three tables and the kept tensors.
 
     Args:
-        meta: needs ``run_id`` and ``prompt_len``.
+        meta: needs ``run_id`` and ``prompt_len``; reads ``prompt_segments`` and ``thinking_open`` when present.
         recs: step records in step order.
         token_ids: all ids (the consumed ones plus, when known, the last produced one).
         final_lp: ``[vocab]`` log-probabilities that produced the last token, or None.
@@ -64,9 +66,11 @@ def build_tables(meta: dict, recs: Sequence[StepRecord], token_ids: list[int], f
     top_texts_rows: list = [None] * T
     for j, i in enumerate(rows_with):
         top_texts_rows[i] = decoded[j * k_tok:(j + 1) * k_tok]
+    segment = (positions.segments_from_runs(meta.get("prompt_segments"), min(P, T))
+               + positions.generated_segments(texts[P:], bool(meta.get("thinking_open"))))
     tokens = pl.DataFrame({
         "run_id": [run_id] * T, "pos": pos.astype(np.int32), "step": step.astype(np.int32),
-        "phase": positions.phases(pos, P), "token_id": np.asarray(token_ids, dtype=np.int64),
+        "phase": positions.phases(pos, P), "segment": segment, "token_id": np.asarray(token_ids, dtype=np.int64),
         "text": texts, "logprob": logprob, "entropy": entropy,
         "top_ids": [list(map(int, r)) if has_dist[i] else None for i, r in enumerate(top_ids)],
         "top_texts": top_texts_rows,

@@ -24,7 +24,9 @@ module (tests may, as independent references).
 from trajscope.model.families import FAMILIES, Family, family_for
 from trajscope.model.forward import ForwardResult
 from trajscope.model.handle import ModelHandle
-from trajscope.model.load import SAMPLE_MODEL, load_model, sample_data_dir
+from trajscope.model.gguf_cache import SMOLLM2, cache_root
+from trajscope.model.load import SAMPLE_MODEL, available_models, load_model, sample_data_dir
 
-__all__ = ["ModelHandle", "ForwardResult", "load_model", "sample_data_dir", "SAMPLE_MODEL", "Family", "FAMILIES",
+__all__ = ["ModelHandle", "ForwardResult", "load_model", "sample_data_dir", "SAMPLE_MODEL", "SMOLLM2",
+           "available_models", "cache_root", "Family", "FAMILIES",
            "family_for"]

