@@ -302,7 +302,7 @@ def test_new_run_from_the_app_feeds_sae_and_drift(sample_model, fresh_models):
 
 
 def test_settings_changed_after_generate_do_not_reach_the_running_job(sample_model, fresh_models):
-    app = TrajScope(max_new_tokens=5, prompt="import os\n")
+    app = TrajScope(max_new_tokens=5, prompt="import os\n", keep_attention="all")
     gate = threading.Event()
     job = app.controls.generate(dispatch=lambda fn: fn(), loader=lambda *a, **k: (gate.wait(10), sample_model)[1])
     app.state.param.update(max_new_tokens=2, keep_attention="none", prompt="something else")

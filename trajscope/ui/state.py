@@ -172,16 +172,22 @@ class AppState(param.Parameterized):
 
     # -- actions -------------------------------------------------------------------------------
     def set_trajectory(self, traj: Trajectory, step: int | None = None) -> None:
-        """Show ``traj``: reset step bounds, layer and head choices; keep the step when still valid."""
+        """Show ``traj``: reset step bounds, layer and head choices; keep the step when still valid.
+
+        The layer stays when the model does; a run of another model (or the first run) opens on a
+        middle layer.
+        """
         n_layers = int(traj.meta.get("model", {}).get("n_layers") or (traj.attention["layer"].max() or 0) + 1)
         n_heads = int(traj.meta.get("model", {}).get("n_heads") or (traj.attention["head"].max() or 0) + 1)
         last = max(0, max(1, traj.n_steps) - 1)
         heads = {"mean over heads": MEAN, **{f"head {h}": h for h in range(n_heads)}}
         with param.parameterized.batch_call_watchers(self):
             self._queries = None
+            model_id = traj.meta.get("model", {}).get("model_id")
+            new_model = self.trajectory is None or model_id != self.trajectory.meta.get("model", {}).get("model_id")
             self.param.layer.objects = list(range(n_layers))
-            if self.layer not in self.param.layer.objects:
-                self.layer = 0
+            if new_model or self.layer not in self.param.layer.objects:
+                self.layer = n_layers // 2  # a middle layer: the first and last of a deep model are atypical
             self.param.head.objects = heads
             if self.head not in heads.values():
                 self.head = MEAN

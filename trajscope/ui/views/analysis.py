@@ -136,7 +136,18 @@ class SteeringView(StateView):
         super().__init__(**params)
         self._cancel = threading.Event()
         self._vectors: dict[tuple, object] = {}
-        self.state.param.watch(lambda e: self.settings.clear(), "revision")
+        self._model_id = None
+        self.state.param.watch(self._new_run, "revision")
+
+    def _new_run(self, *_) -> None:
+        """A new run clears the results; a run of another model steers a middle layer of it."""
+        self.settings.clear()
+        traj = self.state.trajectory
+        model = (traj.meta.get("model", {}) if traj is not None else {})
+        if model.get("n_layers") and model.get("model_id") != self._model_id:
+            self._model_id = model.get("model_id")
+            if self._model_id != "sample" or self.settings.layer >= model["n_layers"]:  # the sample's vector: layer 3
+                self.settings.layer = int(model["n_layers"]) // 2
 
     # -- work (worker thread) -----------------------------------------------------------
     def _model(self):

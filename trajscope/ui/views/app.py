@@ -107,6 +107,7 @@ class TrajScope(StateView):
         self.controls.on_start.append(self.live.reset)
         self.controls.listeners.append(self.live.append)
         self._started = False
+        self._provenance = [provenance_line(self.state) for _ in range(8)]  # one per card, built once
 
     def release(self) -> None:
         """Free what this session holds (its browser has gone): stop its generation, drop its runs."""
@@ -136,7 +137,8 @@ class TrajScope(StateView):
                  ("Drift", self.drift), ("Steering", self.steering), ("Eviction", self.eviction),
                  ("Compaction", self.compaction), ("Export", self.export)]
         tabs = pn.Tabs(  # each card opens with the run and model its results belong to
-            *[(name, pn.Column(provenance_line(self.state), view, sizing_mode="stretch_width")) for name, view in named],
+            *[(name, pn.Column(self._provenance[i], view, sizing_mode="stretch_width"))
+              for i, (name, view) in enumerate(named)],
             dynamic=True, sizing_mode="stretch_width", css_classes=["ts-tabs"])
         self.tabs = tabs
         views = [self.telemetry, self.attention, self.features, self.drift, self.steering, self.eviction,
@@ -196,8 +198,8 @@ class TrajScope(StateView):
 def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample", **params) -> Page:
     """The page ``panel serve apps/trajscope.py`` shows, for one session.
 
-    Opens ``run_dir`` when it holds a run (default: ``sample_data/runs/demo``); without one, the
-    page captures a short run of the demo prompt as soon as it is shown.
+    Opens ``run_dir`` when it holds a run (default: ``sample_data/runs/demo`` on the sample model);
+    without one, the page captures a short run of the demo prompt on ``model`` as soon as it is shown.
     """
     from trajscope.model import sample_data_dir
     from trajscope.ui import operator
@@ -206,7 +208,8 @@ def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample"
         return Page(title=TITLE, font=FONT, main=[pn.pane.Alert(
             f"This trajscope server is full ({operator.config().max_sessions} sessions are open). Try again in a "
             "minute, or ask its operator to raise --max-sessions.", alert_type="warning")], busy_indicator=None)
-    run_dir = pathlib.Path(run_dir) if run_dir else sample_data_dir() / "runs" / "demo"
+    demo = sample_data_dir() / "runs" / "demo"  # a run of the sample model: not the first page of another
+    run_dir = pathlib.Path(run_dir) if run_dir else (demo if model == "sample" else demo / "-")
     has_run = (run_dir / "meta.json").exists()
     settings = {"max_new_tokens": 64 if has_run else 24, "autostart": not has_run, **params}
     app = TrajScope(model=model, trajectory=run_dir if has_run else None, **settings)

@@ -204,9 +204,12 @@ class Controls(StateView):
 
     def __panel__(self):
         st = self.state
-        source = pn.widgets.TextInput.from_param(
-            st.param.model_source, name="Model", description="'sample' (shipped), a local model directory, "
-            "a Hugging Face name already in the local cache, or an NDIF model name with 'NDIF remote' ticked.")
+        choices = list(dict.fromkeys((*config().models, *st.trusted_models, st.model_source)))
+        source = pn.widgets.Select(label="Model", options=choices, value=st.model_source, css_classes=["ts-model"],
+                                   description="The models this server offers (its operator adds more with "
+                                   "--models): 'sample' is the tiny shipped model, 'smollm2' SmolLM2-135M-Instruct.")
+        source.link(st, value="model_source")
+        st.param.watch(lambda e: setattr(source, "value", e.new) if e.new in source.options else None, "model_source")
         remote = pn.widgets.Checkbox.from_param(st.param.remote, name="NDIF remote")
         key = pn.widgets.PasswordInput.from_param(st.param.ndif_api_key, name="NDIF API key",
                                                   placeholder="only for NDIF remote; never saved")
