@@ -58,3 +58,13 @@ def test_a_compaction_result_is_cleared_by_a_new_run_and_names_its_model(short_r
     view.settings.param.update(summary="On model `sample`: …", status="x")
     st.set_trajectory(short_run)
     assert view.settings.summary == "" and view.settings.result is None
+
+
+def test_an_error_goes_stale_when_a_setting_or_the_run_changes(short_run):
+    st = AppState()
+    st.report("Max new tokens must be at least 1 (it is 0).")
+    st.max_new_tokens = 8
+    assert st.error == ""
+    st.report("Something about the last run.")
+    st.set_trajectory(short_run)
+    assert st.error == ""

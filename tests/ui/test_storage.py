@@ -58,3 +58,10 @@ def test_compact_tensors_halves_floats_only_when_asked():
     out = compact_tensors(t)
     assert out["attention.0"].dtype == out["residual.0"].dtype == torch.float16
     assert compact_tensors(t, float16=False)["attention.0"].dtype == torch.float32
+
+
+def test_saved_runs_list_names_the_model_and_shows_no_prompt(short_run, tmp_path):
+    path = saved_runs.save_run(short_run, tmp_path)
+    (label, where), = saved_runs.list_runs(tmp_path).items()
+    assert where == str(path) and label == f"{short_run.run_id} · sample · {short_run.n_steps} steps"
+    assert "fibonacci" not in label  # another session's prompt is not listed

@@ -41,9 +41,11 @@ def save_run(traj: Trajectory, directory: str | os.PathLike | None = None, float
 def list_runs(directory: str | os.PathLike | None = None, limit: int = 50) -> dict[str, str]:
     """``{label: path}`` of the saved runs, newest first (at most ``limit``).
 
-    A label reads ``"<directory name> · <n> steps · <prompt start>"`` (the app names a run's directory
-    after its run id). Directories without a readable
-    ``meta.json`` are left out (a half-written or foreign directory never breaks the list).
+    A label reads ``"<directory name> · <model> · <n> steps"`` (the app names a run's directory after its
+    run id). The list is every run of the server's runs directory, so it shows no prompt text: one
+    session's prompts are not shown to the others (the run opens with its prompt for whoever chooses
+    it). Directories without a readable ``meta.json`` are left out (a half-written or foreign directory
+    never breaks the list).
     """
     root = pathlib.Path(directory or runs_dir())
     if not root.is_dir():
@@ -60,7 +62,7 @@ def list_runs(directory: str | os.PathLike | None = None, limit: int = 50) -> di
             continue
     out = {}
     for _, d, m in sorted(found, key=lambda t: t[0], reverse=True)[:limit]:
-        prompt = " ".join(str(m.get("prompt", "")).split())[:32]
+        model = pathlib.PurePath(str((m.get("model") or {}).get("model_id") or "?")).name
         steps = m.get("n_steps", m.get("sampling", {}).get("max_new_tokens", "?"))
-        out[f"{d.name} · {steps} steps · {prompt}"] = str(d)  # directory names are unique; run ids may repeat
+        out[f"{d.name} · {model} · {steps} steps"] = str(d)  # directory names are unique; run ids may repeat
     return out

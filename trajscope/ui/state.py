@@ -123,6 +123,9 @@ class AppState(param.Parameterized):
     def __init__(self, **params):
         super().__init__(**params)
         self._queries: pl.DataFrame | None = None
+        # an error is about what was typed or done last: changing a setting or the run makes it stale
+        self.param.watch(self._clear_error, ["model_source", "remote", "prompt", "max_new_tokens", "temperature",
+                                             "seed", "keep_attention", "keep_residuals", "run_path", "revision"])
         if self.trajectory is not None:
             self.set_trajectory(self.trajectory)
 
@@ -232,6 +235,10 @@ class AppState(param.Parameterized):
     def prev(self) -> None:
         """One step back."""
         self.go(self.step - 1)
+
+    def _clear_error(self, *_) -> None:
+        if self.error:
+            self.error = ""
 
     def report(self, message: str) -> None:
         """Record an error sentence for the views to show (once: the status line is cleared)."""
