@@ -48,6 +48,7 @@ def test_named_split_is_disjoint_deterministic_and_recorded(tiny_models):
     prof = build_profile(tiny_models["llama"], [p["prompt"] for p in its], fpr=0.05, ids=ids, split=split,
                          progress=False)
     assert prof.info["split"]["fit"] == split["fit"] and prof.info["split"]["seed"] == 3
+    assert prof.info["sink_excluded"] is True and prof.info["sink_pos"] == 0 and "sink_rule" in prof.info
     assert (prof.info["n_fit_prompts"], prof.info["n_heldout_prompts"]) == (len(split["fit"]), len(split["calibrate"]))
     # moments come from the fit prompts only: recompute them independently with NumPy
     xs = []

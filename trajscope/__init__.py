@@ -2,10 +2,11 @@
 
 The public API is this short list; everything else is an implementation detail.
 
-- :func:`load_model` opens a model (the shipped sample, a local directory, a cached
-  Hugging Face name, or an NDIF model) through nnsight; the :class:`ModelHandle` is the one
+- :func:`load_model` opens a model (the shipped sample, SmolLM2 as ``"smollm2"``, a ``.gguf``
+  file, a local directory, a cached Hugging Face name, or an NDIF model) through nnsight; the :class:`ModelHandle` is the one
   boundary that runs it.
-- :func:`capture` runs prefill + decode and records every step as a :class:`Trajectory`;
+- :func:`capture` runs prefill + decode of a text or chat-message prompt and records every
+  step as a :class:`Trajectory`;
   a frozen :class:`CaptureConfig` says what is recorded and how it samples.
 - :func:`capture_batch` captures many prompts in padded batches, one Trajectory per prompt
   (greedy; per prompt equal to :func:`capture` within the float32 floor).

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import polars as pl
 import torch
 
+from trajscope import positions
 from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
 from trajscope.metrics.drift_regimes import regime_rows
@@ -52,7 +53,7 @@ def continuation_residuals(model: Any, prompt: str, continuation: str, n_positio
 
 
 def prompt_regime_rows(model: Any, profile: ReferenceProfile, prompt_id: str, item: dict, cfg: CaptureConfig, *,
-                       decode: bool = True, skip_first: bool = True) -> pl.DataFrame:
+                       decode: bool = True, skip_first: bool = positions.SKIP_SINK) -> pl.DataFrame:
     """Scored rows of one prompt in the regimes it supports.
 
     Args:
@@ -72,7 +73,7 @@ def prompt_regime_rows(model: Any, profile: ReferenceProfile, prompt_id: str, it
         n_res = traj.residual(0).shape[0]
         ent = dict(zip(traj.tokens["pos"].to_list(), traj.tokens["entropy"].to_list()))
         layers = range(model.n_layers)
-        start = 1 if skip_first else 0
+        start = positions.first_reference_pos(skip_first)
         pre = list(range(start, P))
         dec = list(range(P, n_res))
         if pre:

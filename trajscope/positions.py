@@ -34,6 +34,18 @@ included (:data:`THINK_TAGS`, e.g. ``<think>…</think>``), is ``"thinking"``; a
 unclosed tag thinks to the end. :func:`thinking_spans` finds these spans in
 text, :func:`segment_runs` / :func:`segments_from_runs` convert between
 per-position labels and the run-length form that ``meta.json`` records.
+
+Position 0 is the *attention sink* (:data:`SINK_POS`): real models park attention
+on the first token and give it massive activations (SmolLM2-135M: |x| ≈ 29,000 at
+position 0, about 98% of a prompt's centred variance at a middle layer), so it
+would dominate every variance-based reference. The one treatment
+(:data:`SKIP_SINK`): every *reference statistic* — the prefill profile, the
+drift study's prefill rows, SAE harvests and therefore SAE training — leaves
+position 0 out, starting at :func:`first_reference_pos`; capture's own tables
+(tokens, attention with ``sink_mass``, activations with ``n_massive``) keep it,
+so the sink stays visible. Each artefact records the choice with
+:func:`sink_meta`. The rule for "massive" lives in
+:mod:`trajscope.metrics.residual_stats`.
 """
 
 from __future__ import annotations
@@ -57,6 +69,11 @@ PLAIN_PROMPT_SEGMENT = USER  # every position of a plain-text or token-id prompt
 GENERATED_SEGMENT = ASSISTANT  # generated tokens, outside thinking spans
 ROLE_SEGMENT = {"system": SYSTEM, "developer": SYSTEM, "user": USER, "tool": USER, "assistant": ASSISTANT}
 THINK_TAGS = (("<think>", "</think>"), ("<thinking>", "</thinking>"))
+
+SINK_POS = 0
+SKIP_SINK = True
+SINK_RULE = ("position 0 (the attention sink) is left out of reference statistics: prefill profiles, drift "
+             "prefill rows, SAE harvests and SAE training; capture tables keep it")
 
 IntLike = Union[int, np.ndarray]
 LenLike = Union[int, pl.Expr]
@@ -109,6 +126,17 @@ def phase(pos: int, prompt_len: int) -> str:
 def phases(pos: np.ndarray, prompt_len: int) -> np.ndarray:
     """:func:`phase` of an array of positions (NumPy strings)."""
     return np.where(pos < prompt_len, PREFILL, DECODE)
+
+
+def first_reference_pos(skip_sink: bool = SKIP_SINK) -> int:
+    """The first position a reference statistic uses: 1 when the sink is left out (the default), else 0."""
+    return SINK_POS + 1 if skip_sink else SINK_POS
+
+
+def sink_meta(skip_sink: bool = SKIP_SINK) -> dict:
+    """What an artefact records about position 0: ``{"sink_pos", "sink_excluded", "sink_rule"}``."""
+    return {"sink_pos": SINK_POS, "sink_excluded": bool(skip_sink),
+            "sink_rule": SINK_RULE if skip_sink else "position 0 (the attention sink) is included"}
 
 
 def thinking_spans(text: str) -> list[tuple[int, int]]:

@@ -1,8 +1,9 @@
 """ReferenceProfile: what the residual stream looks like during prefill, per layer.
 
-Built from the prefill positions of a prompt set (position 0 skipped by
-default: the first token's attention-sink activations are an outlier class of
-their own), a profile stores per layer and dimension the mean and variance,
+Built from the prefill positions of a prompt set (position 0 left out by
+default: the attention sink, whose massive activations are an outlier class of
+their own; the one treatment is :data:`trajscope.positions.SKIP_SINK`, recorded in
+``info`` by :func:`trajscope.positions.sink_meta`), a profile stores per layer and dimension the mean and variance,
 the distribution of per-position statistics (norm, variance, excess kurtosis,
 outlier rate |x| > 6, massive-activation rate |x| > 100 and > 1000 × the layer's
 median |x|), and a drift threshold calibrated to a false-positive rate.

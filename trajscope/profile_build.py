@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from trajscope import positions
 from trajscope.capture import capture
 from trajscope.errors import TrajscopeError
 from trajscope.profile import ReferenceProfile, profile_from_residuals
@@ -22,7 +23,7 @@ SPLIT_NAMES = ("fit", "calibrate", "evaluate")
 SPLIT_FRACTIONS = (0.4, 0.3, 0.3)
 
 
-def build_profile(model: Any, prompts: Sequence[str], *, fpr: float = 0.01, skip_first: bool = True,
+def build_profile(model: Any, prompts: Sequence[str], *, fpr: float = 0.01, skip_first: bool = positions.SKIP_SINK,
                   heldout_fraction: float = 0.3, seed: int = 0, progress: bool = True,
                   ids: Sequence[Any] | None = None, split: dict[str, Any] | None = None) -> ReferenceProfile:
     """Capture the prefill of every prompt (one step, all layers) and fit a profile.
@@ -30,7 +31,8 @@ def build_profile(model: Any, prompts: Sequence[str], *, fpr: float = 0.01, skip
     Args:
         model: a :class:`~trajscope.model.ModelHandle`.
         prompts: prompt texts (at least two).
-        skip_first: leave position 0 out (attention-sink activations).
+        skip_first: leave position 0 out (the attention sink: :data:`trajscope.positions.SKIP_SINK`);
+            recorded in ``profile.info`` with :func:`trajscope.positions.sink_meta`.
         ids: one id per prompt (needed with ``split``).
         split: ``{"fit": [ids], "calibrate": [ids], ...}``; prompts in neither list are not run. Without it a
             seeded permutation keeps ``heldout_fraction`` of the prompts for calibration.
@@ -51,10 +53,10 @@ def build_profile(model: Any, prompts: Sequence[str], *, fpr: float = 0.01, skip
     res = []
     for prompt in tqdm(prompts, desc="prefill profile", unit="prompt", disable=not progress):
         traj = capture(model, prompt, max_new_tokens=1, residual_layers="all", stop_at_eos=False)
-        start = 1 if skip_first else 0
+        start = positions.first_reference_pos(skip_first)
         res.append({layer: traj.residual(layer)[start: traj.prompt_len] for layer in range(model.n_layers)})
     info = {"model_id": model.model_id, "revision": model.revision(), "n_layers": model.n_layers,
-            "d_model": model.d_model, "skip_first": skip_first}
+            "d_model": model.d_model, "skip_first": skip_first, **positions.sink_meta(skip_first)}
     if split is None:
         return profile_from_residuals(res, fpr=fpr, heldout_fraction=heldout_fraction, seed=seed, info=info)
     n_fit = len(split["fit"])

@@ -5,7 +5,9 @@ a converter that may raise one clear error naming the file and line. On top of i
 
 - :func:`read_prompts`: lines ``{"prompt": str, "id": ..., "split": ..., "continuation": str}`` (or a bare
   JSON string); ``continuation``, when present, is the human text that followed the prompt in its
-  source (the matched baseline that ``trajscope drift`` teacher-forces);
+  source (the matched baseline that ``trajscope drift`` teacher-forces). Where chat prompts are
+  taken (``chat=True``: ``trajscope capture``), a line may hold ``"messages": [{"role": ..., "content": ...}]``
+  instead of ``"prompt"`` (:mod:`trajscope.chat`);
 - :func:`read_pairs`: contrast pairs ``{"positive": str, "negative": str}`` for CAA steering.
 """
 
@@ -44,14 +46,27 @@ def read_jsonl(path: str | pathlib.Path, what: str, convert: Callable[[Any, int]
     return out
 
 
-def read_prompts(path: str | pathlib.Path) -> list[dict]:
+def read_prompts(path: str | pathlib.Path, chat: bool = False) -> list[dict]:
     """Prompts from a JSON-lines file: each line ``{"prompt": ..., "id": ..., "continuation": ...}`` or a JSON string.
 
-    ``id`` and ``continuation`` are optional; a ``continuation`` must be a non-empty string.
+    ``id`` and ``continuation`` are optional; a ``continuation`` must be a non-empty string. With
+    ``chat=True`` a line may give ``"messages"`` (a list of ``{"role", "content"}``) instead of ``"prompt"``.
     """
     def convert(item: Any, n: int) -> dict:
         if isinstance(item, str):
             item = {"prompt": item}
+        if isinstance(item, dict) and "messages" in item:
+            if not chat:
+                raise TrajscopeError(f"{path}, line {n}: chat \"messages\" are taken by `trajscope capture` only; "
+                                     "give a \"prompt\" string here.")
+            if "prompt" in item:
+                raise TrajscopeError(f"{path}, line {n}: give either \"prompt\" or \"messages\", not both.")
+            from trajscope.chat import check_messages
+
+            try:
+                return {**item, "messages": check_messages(item["messages"])}
+            except TrajscopeError as exc:
+                raise TrajscopeError(f"{path}, line {n}: {exc}") from None
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
             raise TrajscopeError(f"{path}, line {n}: expected a JSON object with a non-empty \"prompt\" string.")
         cont = item.get("continuation")

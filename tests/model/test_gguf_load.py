@@ -68,6 +68,19 @@ def test_not_a_gguf_file(tmp_path, cache):
     assert _leftovers(cache) == []
 
 
+def test_gguf_without_tensors(tmp_path, cache):
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "empty.gguf"), "llama")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ts.TrajscopeError, match="with no tensors, so it holds no model"):
+        ts.load_model(str(tmp_path / "empty.gguf"), progress=False)
+    assert _leftovers(cache) == []
+
+
 def test_missing_gguf_file(tmp_path, cache):
     with pytest.raises(ts.TrajscopeError, match="No GGUF file at"):
         ts.load_model(str(tmp_path / "absent.gguf"))

@@ -36,7 +36,9 @@ def test_rows_are_tagged_by_the_design_vocabulary(llama, harvested):
     # prefill rows once per prompt, decode rows per continuation (steps 1..5: 6 steps make 5 decode queries)
     counts = h.rows.group_by("prompt_id", "phase").len().sort("prompt_id", "phase")
     assert counts.filter(pl.col("phase") == "decode")["len"].to_list() == [10, 10]
-    assert counts.filter(pl.col("phase") == "prefill")["len"].to_list() == [P["a"], P["b"]]
+    # position 0, the attention sink, is left out of the prefill rows (positions.SKIP_SINK) and recorded
+    assert counts.filter(pl.col("phase") == "prefill")["len"].to_list() == [P["a"] - 1, P["b"] - 1]
+    assert h.rows["pos"].min() == 1 and h.meta["sink_excluded"] is True and h.meta["sink_pos"] == 0
     assert h.rows.filter(pl.col("phase") == "decode")["step"].max() == 5
     assert set(h.rows["depth_band"].unique().to_list()) == {"prefill", "1-4", "5-16"}
 
@@ -48,7 +50,8 @@ def test_rows_hold_the_captured_residuals(llama, harvested):
                       residual_layers=[1])
     mine = harvested.where((pl.col("seq") == 0))
     torch.testing.assert_close(mine.acts, traj.residual(1)[mine.rows["pos"].to_list()])
-    assert mine.rows["entropy"].to_list() == pytest.approx(traj.tokens.sort("pos")["entropy"].to_list()[:-1])
+    ent = traj.tokens.sort("pos")["entropy"].to_list()
+    assert mine.rows["entropy"].to_list() == pytest.approx([ent[p] for p in mine.rows["pos"].to_list()])
 
 
 def test_forward_engine_matches_capture(llama, harvested):

@@ -69,6 +69,7 @@ def test_cli_harvest_train_and_drift(tmp_path, tiny_dirs, capsys):
         metrics = json.loads((d / "training_metrics.json").read_text())
         assert metrics["config"]["decode_fraction"] == float(frac) and metrics["tokens"] == 4096
         assert metrics["config"]["seed"] == seed
+        assert ts.SAE.load(str(d)).cfg.metadata["sink_excluded"] is True  # position 0 left out of training
     w0, w1 = (ts.SAE.load(str(d)).W_enc.detach() for d in pre_dirs[:2])
     assert not torch.equal(w0, w1)  # the seeds really differ
     capsys.readouterr()

@@ -13,7 +13,8 @@ definitions follow DESIGN.md:
   Σ_{j≥P} a_j``; ``sink_mass = a_0``; ``sink4_mass = Σ_{j<4} a_j`` (StreamingLLM);
   ``self_mass = a_i`` for the query's own position ``i``;
 - residual statistics per vector: :func:`trajscope.metrics.residual_stats.residual_stats`
-  (the one definition; in the trace each vector's own median |x| is the massive-rule reference);
+  (the one definition; the massive-rule reference is the layer's median |x| over the prompt at
+  prefill, and the vector's own median |x| at a decode step);
 - next-token distribution: entropy of ``softmax(logits)`` in nats and the top-k.
 """
 
@@ -172,7 +173,7 @@ def prefill_layer(layer, P, a, r, opts) -> dict:
     s = attention_stats(a, P, first, top_k_keys)
     keep_r = layer in res_layers or (sae is not None and sae[0] == layer)
     return {"attn_first_pos": first, "attn": s["stats"], "top_pos": s["top_pos"], "top_w": s["top_w"],
-            "act": residual_stats(r), "resid": r.detach().clone() if keep_r else None,
+            "act": residual_stats(r, pooled=True), "resid": r.detach().clone() if keep_r else None,
             "rows": a.detach().clone() if layer in row_layers else None}
 
 

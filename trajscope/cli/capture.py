@@ -1,7 +1,8 @@
 """``trajscope capture | serve | report | export``: capture runs, serve the app, compare and export runs.
 
 ``capture`` runs one prompt (``--prompt``) or a JSON-lines file of prompts
-(``--prompts``), optionally steered (``--steer FILE``), and writes one run
+(``--prompts``; a line may hold chat ``messages`` instead of a ``prompt``; ``--chat`` sends each
+plain prompt as one user message through the model's chat template), optionally steered (``--steer FILE``), and writes one run
 directory per prompt under ``--out`` (``--batch-size N`` decodes N prompts together, padded on
 ``--padding-side``: :mod:`trajscope.capture.batch`; names made safe: a prompt id such as
 ``a/b:c`` becomes ``a_b_c``; the id itself stays in ``meta.json``), so the folder
@@ -28,7 +29,11 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
     if (args.prompt is None) == (args.prompts is None):
         raise TrajscopeError("Give exactly one of --prompt TEXT or --prompts FILE.jsonl.")
-    items = [{"prompt": args.prompt}] if args.prompt is not None else read_prompts(args.prompts)
+    items = [{"prompt": args.prompt}] if args.prompt is not None else read_prompts(args.prompts, chat=True)
+    if args.chat:
+        from trajscope.chat import user_message
+
+        items = [{**it, "messages": user_message(it.pop("prompt"))} if "prompt" in it else it for it in items]
     out = opt.out_dir(args.out)
     config = opt.capture_config(args)
     model = opt.load(args)
@@ -47,7 +52,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
             bar.set_postfix_str(repr(ev.text)[:24])
 
         try:
-            traj = capture(model, item["prompt"], cfg, on_step=on_step, cancel=threading.Event(),
+            traj = capture(model, _prompt(item), cfg, on_step=on_step, cancel=threading.Event(),
                            run_id=str(item["id"]) if item.get("id") is not None else None)
         finally:
             bar.close()
@@ -60,6 +65,11 @@ def cmd_capture(args: argparse.Namespace) -> int:
         print("Interrupted: the steps captured so far were saved.", file=sys.stderr)
         return 130
     return 0
+
+
+def _prompt(item: dict):
+    """What capture takes for a prompt-file item: its chat messages, or its prompt text."""
+    return item["messages"] if "messages" in item else item["prompt"]
 
 
 def _capture_batched(args: argparse.Namespace, items: list[dict], config, model, out: pathlib.Path) -> int:
@@ -77,7 +87,7 @@ def _capture_batched(args: argparse.Namespace, items: list[dict], config, model,
     try:
         for start in range(0, len(items), n):
             group = items[start:start + n]
-            trajs = capture_batch(model, [item["prompt"] for item in group], config, batch_size=n,
+            trajs = capture_batch(model, [_prompt(item) for item in group], config, batch_size=n,
                                   padding_side=args.padding_side,
                                   run_ids=[str(it["id"]) if it.get("id") is not None else None for it in group])
             for traj in trajs:
@@ -152,8 +162,11 @@ def register(sub) -> None:
                     "trajscope capture --prompt 'def fibonacci(n):' --max-new-tokens 64 --out runs/base")
     opt.add_model(c, remote=True)
     c.add_argument("--prompt", help="one prompt")
-    c.add_argument("--prompts", help="JSON-lines file of prompts ({\"prompt\": ..., \"id\": ...} per line), "
+    c.add_argument("--prompts", help="JSON-lines file of prompts ({\"prompt\": ..., \"id\": ...} per line, or "
+                   "{\"messages\": [{\"role\": \"user\", \"content\": ...}], ...} for a chat prompt), "
                    "e.g. sample_data/prompts/heldout_code.jsonl")
+    c.add_argument("--chat", action="store_true", help="send each plain prompt as one user message through the "
+                   "model's chat template (for instruction-tuned models such as smollm2)")
     opt.add_sampling(c)
     opt.add_layers(c)
     opt.add_steering(c)

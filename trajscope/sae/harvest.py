@@ -8,7 +8,10 @@ vectors come from the same KV-cached engine users run) or, with
 one no-cache forward (the same activations, many times faster). Rows:
 
 - prefill rows: the prompt positions ``pos < P`` (step 0), once per prompt
-  (they are identical in every continuation of that prompt);
+  (they are identical in every continuation of that prompt), from position 1:
+  position 0, the attention sink, is left out (:data:`trajscope.positions.SKIP_SINK`;
+  ``meta`` records it with :func:`trajscope.positions.sink_meta`, and ``train-sae``
+  copies that into the SAE's ``cfg.json``);
 - decode rows: positions ``pos ≥ P`` of every continuation; ``step`` is the
   position's query step (:func:`trajscope.positions.query_step`).
 
@@ -100,13 +103,14 @@ class Harvest:
         return cls(acts, rows, pl.read_parquet(p / "sequences.parquet"), int(meta.pop("layer")), meta)
 
 
-def _rows_of(traj: Any, seq: int, prompt_id: str, source: str, with_prefill: bool) -> tuple[pl.DataFrame, torch.Tensor, list[int]]:
+def _rows_of(traj: Any, seq: int, prompt_id: str, source: str, with_prefill: bool,
+             skip_sink: bool = positions.SKIP_SINK) -> tuple[pl.DataFrame, torch.Tensor, list[int]]:
     """Tag rows and the residual rows kept from one trajectory."""
     tok = traj.tokens.sort("pos")
     ids = tok["token_id"].to_list()
     P = traj.prompt_len
     n = traj.residual(traj.meta["residual_layers"][0]).shape[0]
-    pos = list(range(0 if with_prefill else P, n))
+    pos = list(range(positions.first_reference_pos(skip_sink) if with_prefill else P, n))
     ent = tok["entropy"].to_list()
     df = pl.DataFrame({
         "seq": [seq] * len(pos), "prompt_id": [prompt_id] * len(pos), "source": [source] * len(pos),
@@ -197,7 +201,7 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
             temperature: float = 0.8, top_p: float | None = 0.95, seed: int = 0, stop_at_eos: bool = False,
             greedy: bool = True, engine: str = "capture",
             on_capture: Callable[[int, int], None] | None = None, batch_size: int = 1,
-            padding_side: str = "right") -> Harvest:
+            padding_side: str = "right", skip_sink: bool = positions.SKIP_SINK) -> Harvest:
     """Capture continuations of ``prompts`` and collect ``layer``'s block outputs.
 
     Args:
@@ -216,6 +220,8 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
         on_capture: called with (done, total) after each capture (progress bars).
         batch_size: sequences per reading forward (``engine="forward"`` only; :func:`forward_runs`).
         padding_side: ``left`` or ``right`` padding of those batches.
+        skip_sink: leave position 0 (the attention sink) out of the prefill rows (the default, as
+            every reference statistic does: :mod:`trajscope.positions`).
 
     Returns:
         A :class:`Harvest`; ``acts`` is ``[N, d_model]`` float32.
@@ -265,7 +271,7 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
                                     residual_layers=[layer])
                 traj = capture(model, item["prompt"], cfg, run_id=f"{pid}-{source}")
             seq = len(seqs)
-            df, pos, ids = _rows_of(traj, seq, pid, source, with_prefill=(j == 0))
+            df, pos, ids = _rows_of(traj, seq, pid, source, with_prefill=(j == 0), skip_sink=skip_sink)
             if max_new_tokens <= 0:
                 keep = df["phase"] == "prefill"
                 df, pos = df.filter(keep), pos[torch.as_tensor(keep.to_numpy())]
@@ -284,5 +290,5 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
             "max_new_tokens": max_new_tokens, "n_sampled": n_sampled, "temperature": temperature,
             "top_p": top_p, "seed": seed, "stop_at_eos": stop_at_eos, "greedy": greedy, "n_prompts": len(prompts), "engine": engine,
             "serving": {"batch_size": batch_size, "padding_side": padding_side, "dtype": model.dtype,
-                        "device": model.device}}
+                        "device": model.device}, **positions.sink_meta(skip_sink)}
     return Harvest(torch.cat(chunks), rows, pl.DataFrame(seqs), layer, meta)
