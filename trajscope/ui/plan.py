@@ -48,6 +48,8 @@ class CapturePlan:
         want_if_width: ``(layer, width)`` pairs: residual layers wanted only on a model of that width
             (the SAE's and the profile's layers).
         shipped: add the layers of the shipped SAE and profile that fit the model.
+        attention_middle: keep the full rows of the model's middle layer (the layer a run of a model not
+            on screen yet opens on) instead of ``want_attention``.
     """
 
     config: CaptureConfig
@@ -56,6 +58,7 @@ class CapturePlan:
     float16: bool = True
     want_if_width: tuple[tuple[int, int], ...] = ()
     shipped: bool = False
+    attention_middle: bool = False
 
     def wanted_residuals(self, n_layers: int, d_model: int | None = None, model_id: str | None = None) -> tuple[int, ...]:
         """Residual layers the cards want on this model (see the class docstring)."""
@@ -95,5 +98,6 @@ class CapturePlan:
         return c.replace(
             residual_layers=_merge(c.residual_layers, self.wanted_residuals(n_layers, d_model, model_id), n_layers,
                                    "Keep residuals of layers"),
-            attention_layers=_merge(c.attention_layers, self.want_attention, n_layers,
+            attention_layers=_merge(c.attention_layers,
+                                    (n_layers // 2,) if self.attention_middle else self.want_attention, n_layers,
                                     "Keep full attention rows of layers"))

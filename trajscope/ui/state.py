@@ -248,7 +248,8 @@ class AppState(param.Parameterized):
         """What Generate captures, frozen now: the typed settings plus the layers the cards on screen need.
 
         Residuals: the "keep residuals" layers, the SAE's layer and the Drift card's layers. Full
-        attention rows: the "keep full attention rows" layers and the layer shown in the heatmap.
+        attention rows: the "keep full attention rows" layers and the layer shown in the heatmap (a
+        middle layer for a model not on screen yet: the layer its run opens on).
 
         Raises:
             TrajscopeError: empty prompt, max new tokens < 1, or an unreadable layers field.
@@ -268,8 +269,13 @@ class AppState(param.Parameterized):
                                seed=int(self.seed), residual_layers=parse_layers(self.keep_residuals, None, "residuals"),
                                attention_layers=parse_layers(self.keep_attention, None, "full attention rows"),
                                prefill_rows="all")  # the token strip colours prompt tokens too
+        from trajscope.ui.artefacts import same_model
+
+        on_screen = None if self.trajectory is None else self.trajectory.meta.get("model", {}).get("model_id")
+        other_model = on_screen is None or not same_model(on_screen, self.model_source)  # it opens on a middle layer
         return CapturePlan(config, want_residuals=want_res, want_attention=(int(self.layer),),
-                           float16=bool(self.attention_float16), want_if_width=want_if_width, shipped=True)
+                           float16=bool(self.attention_float16), want_if_width=want_if_width, shipped=True,
+                           attention_middle=other_model)
 
     def size_estimate(self, shape, prompt_len: int) -> str:
         """One sentence: about how many bytes the next Generate writes to the runs directory, and why.
