@@ -53,7 +53,8 @@ def _shot(page, name: str) -> None:
     out = os.environ.get("TRAJSCOPE_SCREENSHOTS")
     if out:
         pathlib.Path(out).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(pathlib.Path(out) / f"smollm2-{name.lower().replace(' ', '-')}.png"), full_page=True)
+        page.wait_for_timeout(1500)  # plots finish drawing
+        page.locator(".ts-tabs").first.screenshot(path=str(pathlib.Path(out) / f"smollm2-{name.lower().replace(' ', '-')}.png"))
 
 
 def test_every_card_shows_smollm2s_data_or_says_what_is_missing(page, monkeypatch):

@@ -281,6 +281,8 @@ class FeaturesView(StateView):
         tl = pn.pane.HoloViews(pn.bind(self.timeline, self.param.message), sizing_mode="stretch_width",
                                linked_axes=False)
         self._panes += [err, tl]
+        for pane in (err, tl):  # without features the plots are hidden: the box below says why
+            pane.visible = pn.bind(lambda *_: self._enc is not None, self.param.message)
         top = pn.Column(pn.pane.Markdown("**Top features at the current step** (open one with the Feature "
                                          "chooser below)"), self.top_html, sizing_mode="stretch_width")
         card = pn.Column(self.chooser, self.card, sizing_mode="stretch_width",
