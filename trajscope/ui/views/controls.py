@@ -14,6 +14,7 @@ import logging
 import time
 
 import panel as pn
+import param
 
 from trajscope.errors import TrajscopeError
 from trajscope.trajectory import Trajectory
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 
 class Controls(StateView):
     """Model / prompt / sampling widgets, Generate and Stop, progress, and open-a-run."""
+
+    models_loaded = param.Integer(default=0, doc="Bumped when the page's warm-up has loaded the model (the size "
+                                  "estimate needs its shape).")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -98,11 +102,14 @@ class Controls(StateView):
         if remote:
             return
 
+        dispatch = dispatcher()
+
         def load():
             try:
                 get_model(source)
             except Exception:  # Generate reports a failing model when it is pressed
-                pass
+                return
+            dispatch(lambda: setattr(self, "models_loaded", self.models_loaded + 1))  # the estimate can be shown
 
         threading.Thread(target=load, name="trajscope-warm-up", daemon=True).start()
 
@@ -228,10 +235,11 @@ class Controls(StateView):
             st.param.keep_residuals, name="Keep residuals of layers", css_classes=["ts-keep-residuals"],
             description="'all', 'none' or indices like '0,3'. The SAE's layer and the Drift card's layers are "
                         "always kept; add layers here to export their residuals or to switch SAE / profile later.")
-        f16 = pn.widgets.Checkbox.from_param(st.param.attention_float16, name="Save attention rows in float16")
+        f16 = pn.widgets.Checkbox.from_param(st.param.attention_float16, name="Save attention rows and residuals in float16")
         size = pn.pane.Markdown(pn.bind(self.size_text, st.param.max_new_tokens, st.param.keep_attention,
                                         st.param.keep_residuals, st.param.attention_float16, st.param.layer,
-                                        st.param.model_source, st.param.prompt, st.param.busy),
+                                        st.param.model_source, st.param.prompt, st.param.busy,
+                                        self.param.models_loaded),
                                 css_classes=["ts-size-estimate"], styles={"font-size": "0.8em", "color": "#555"},
                                 sizing_mode="stretch_width")
         gen = pn.widgets.Button(label="Generate", color="primary", width=130, css_classes=["ts-generate"])
