@@ -141,6 +141,8 @@ class FeaturesView(StateView):
     def _misfit(self, traj) -> bool:
         """When the SAE does not fit the run's model: switch to a shipped one that does, or say none does
         (and show nothing of the other model's SAE). True when the SAE at ``sae_path`` is not used."""
+        if not (pathlib.Path(self.sae_path) / "cfg.json").is_file():
+            return False  # not an SAE: loading it says so (a typed path is never swapped for another)
         facts = artefacts.model_facts(traj.meta)
         why = artefacts.sae_misfit(self.sae_path, facts)
         if why is None:
