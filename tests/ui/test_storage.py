@@ -20,9 +20,8 @@ def _run(model, state: AppState) -> ts.Trajectory:
     return ts.capture(model, state.prompt, config)
 
 
-def test_default_run_keeps_the_shown_layer_in_float16_and_matches_its_estimate(sample_model, tmp_path):
-    st = AppState(max_new_tokens=40)
-    st.param.layer.objects = list(range(sample_model.n_layers))
+def test_default_run_keeps_the_shown_layer_in_float16_and_matches_its_estimate(sample_model, short_run, tmp_path):
+    st = AppState(max_new_tokens=40, trajectory=short_run)  # a run of this model on screen, layer 2 shown
     st.layer = 2
     traj = _run(sample_model, st)
     path = saved_runs.save_run(traj, tmp_path, float16=st.capture_plan().float16)

@@ -85,7 +85,7 @@ def test_generate_streams_then_finishes(sample_model):
     st = app.state
     assert not st.busy and st.trajectory is not None and st.trajectory.n_steps == 6
     assert st.step == 5 and "Done" in st.status
-    assert st.trajectory.meta["attention_layers"] == [0]
+    assert st.trajectory.meta["attention_layers"] == [0, 3]  # the typed layer and the middle one it opens on
     assert len(st.live_text) > 0
     data = app.live.source.data  # steps not yet streamed when the run ended are drawn with the finished run
     assert data["step"] == list(range(6)) and app.live.figure.x_range.end == 5
