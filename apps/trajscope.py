@@ -1,4 +1,4 @@
-"""``panel serve apps/trajscope.py``: the trajscope app on the shipped sample model.
+"""``panel serve apps/trajscope.py``: the trajscope app, on SmolLM2 when it is installed, else on the sample model.
 
 Each browser session gets its own :class:`trajscope.TrajScope` (its own state);
 the sample model, once loaded, is shared by all sessions. The first screen shows
@@ -6,8 +6,11 @@ the pre-captured demo run in ``sample_data/runs/demo`` when it is there;
 otherwise the app captures a short run of the demo prompt as soon as the page
 opens (streaming, like pressing Generate).
 
-Environment: ``TRAJSCOPE_RUN`` opens another run directory; ``TRAJSCOPE_MODEL``
-uses another model source for Generate; ``TRAJSCOPE_LOG`` is the log file (default
+The Model box lists the operator's models (default: the installed ones, see
+:func:`trajscope.model.available_models`); the page opens on SmolLM2 when it is
+among them, with the sample model one choice away. Environment:
+``TRAJSCOPE_RUN`` opens another run directory; ``TRAJSCOPE_MODEL`` chooses the
+model the page opens on; ``TRAJSCOPE_LOG`` is the log file (default
 ``~/.cache/trajscope/logs/app.log``: the traceback behind every error sentence a page shows,
 under the error id the sentence names).
 
@@ -35,5 +38,6 @@ pn.extension("tabulator", notifications=True)
 log_to_file()  # $TRAJSCOPE_LOG, default ~/.cache/trajscope/logs/app.log: tracebacks behind the pages' sentences
 operator.configure(operator.ServeConfig.from_args(sys.argv[1:]))  # `--args …` of panel serve, else the environment
 
-default_page(os.environ.get("TRAJSCOPE_RUN") or None, model=os.environ.get("TRAJSCOPE_MODEL", "sample")).servable(
+default_page(os.environ.get("TRAJSCOPE_RUN") or None,
+             model=os.environ.get("TRAJSCOPE_MODEL") or operator.config().default_model()).servable(
     title="trajscope")

@@ -14,6 +14,7 @@ import time
 import polars as pl
 import pytest
 
+from trajscope.ui import operator
 from trajscope.ui.views.app import TrajScope, default_page
 
 pytestmark = pytest.mark.ui
@@ -179,11 +180,11 @@ def test_paths_outside_the_data_directories_are_refused(page, short_run_dir, tmp
         assert app.state.trajectory.run_id == shown  # nothing was read; the run on screen stays
         app.state.error = ""
         wait_until(lambda: "outside" not in text(page, ".ts-error"), page, timeout=TIMEOUT)
-    # a model that is not on the operator's list: refused at the click, nothing is loaded
-    box = page.get_by_label("Model", exact=True)
-    box.fill("/etc/passwd")
-    box.press("Enter")
-    wait_until(lambda: app.state.model_source == "/etc/passwd", page, timeout=TIMEOUT)
+    # the Model box is a dropdown of the operator's models: nothing else can be chosen in the browser
+    options = page.locator(".ts-model select option").all_inner_texts()
+    assert options and "/etc/passwd" not in options and set(options) <= {*operator.config().models, "sample"}
+    # a model that is not on the list (set by a script, not the page): refused at the click, nothing is loaded
+    app.state.model_source = "/etc/passwd"
     page.locator(".ts-generate button").click()
     wait_until(lambda: "not on this server's list" in text(page, ".ts-error"), page, timeout=TIMEOUT)
     assert app.controls.job is None and not app.state.busy

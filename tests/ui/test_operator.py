@@ -47,7 +47,11 @@ def test_options_and_environment(data):
     with pytest.raises(ts.TrajscopeError, match="Unknown server options"):
         ServeConfig.from_args(["--trust-remote-code"], env={})
     default = ServeConfig.from_args([], env={})
-    assert default.models == ("sample",) and any(d.name == "sample_data" for d in default.data_dirs)
+    from trajscope.model import available_models
+
+    # the installed models, SmolLM2 first on the page when it is one of them
+    assert default.models == tuple(available_models()) and any(d.name == "sample_data" for d in default.data_dirs)
+    assert default.default_model() == ("smollm2" if "smollm2" in default.models else default.models[0])
 
 
 def test_the_app_refuses_and_reads_nothing(data, monkeypatch, sample_model, fresh_models):

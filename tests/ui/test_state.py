@@ -81,9 +81,10 @@ def test_capture_plan_and_errors():
         st.model_key()
 
 
-def test_plan_keeps_what_the_cards_need_and_is_frozen():
-    st = AppState(keep_attention="none", keep_residuals="none", layer=0)
-    st.param.layer.objects = list(range(6))
+def test_plan_keeps_what_the_cards_need_and_is_frozen(short_run):
+    # before any run of a model, its run keeps the rows of the middle layer it opens on
+    assert AppState().capture_plan().for_model(30).attention_layers == (15,)
+    st = AppState(keep_attention="none", keep_residuals="none", trajectory=short_run)  # the model on screen
     st.param.update(sae_layer=3, drift_layers=[0, 1, 2, 3, 4, 5], layer=4)
     plan = st.capture_plan()
     cfg = plan.for_model(6)

@@ -85,7 +85,7 @@ def test_generate_streams_then_finishes(sample_model):
     st = app.state
     assert not st.busy and st.trajectory is not None and st.trajectory.n_steps == 6
     assert st.step == 5 and "Done" in st.status
-    assert st.trajectory.meta["attention_layers"] == [0]
+    assert st.trajectory.meta["attention_layers"] == [0, 3]  # the typed layer and the middle one it opens on
     assert len(st.live_text) > 0
     data = app.live.source.data  # steps not yet streamed when the run ended are drawn with the finished run
     assert data["step"] == list(range(6)) and app.live.figure.x_range.end == 5
@@ -302,7 +302,7 @@ def test_new_run_from_the_app_feeds_sae_and_drift(sample_model, fresh_models):
 
 
 def test_settings_changed_after_generate_do_not_reach_the_running_job(sample_model, fresh_models):
-    app = TrajScope(max_new_tokens=5, prompt="import os\n")
+    app = TrajScope(max_new_tokens=5, prompt="import os\n", keep_attention="all")
     gate = threading.Event()
     job = app.controls.generate(dispatch=lambda fn: fn(), loader=lambda *a, **k: (gate.wait(10), sample_model)[1])
     app.state.param.update(max_new_tokens=2, keep_attention="none", prompt="something else")

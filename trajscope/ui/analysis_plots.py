@@ -29,6 +29,32 @@ LAYER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"
 STEP_AXIS = "step (≤ 0: prompt positions, all read at step 0)"
 
 
+def layer_ticks(layers: list[int], max_ticks: int = 16) -> list[int]:
+    """Every layer when few, else every k-th (labels of 30+ layers would overlap), always the last."""
+    if len(layers) <= max_ticks:
+        return list(layers)
+    k = -(-(len(layers) - 1) // (max_ticks - 1))  # the ticks of every k-th layer plus the last fit max_ticks
+    return sorted({*layers[::k], layers[-1]})
+
+
+def robust_clim(values: np.ndarray, centre: float | None = None, q: float = 99.0) -> tuple[float, float]:
+    """A colour range from the ``q``-th percentile, so a few extreme cells do not turn the rest one colour.
+
+    With ``centre``, the range is symmetric around it (``centre ± percentile of |v − centre|``);
+    NaNs are ignored; an empty or constant input gives a unit-wide range.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if centre is not None:
+        dev = float(np.percentile(np.abs(v - centre), q)) if v.size else 1.0
+        dev = dev if dev > 0 else 1.0
+        return centre - dev, centre + dev
+    if not v.size:
+        return 0.0, 1.0
+    lo, hi = float(np.percentile(v, 100 - q)), float(np.percentile(v, q))
+    return (lo, hi) if hi > lo else (lo, lo + 1.0)
+
+
 def _drift_frame(drift: pl.DataFrame, prompt_len: int, texts: list[str] | None) -> pl.DataFrame:
     """``drift`` with ``x`` (:func:`~trajscope.positions.step_axis`), ``step`` and the token text."""
     df = drift.with_columns(pl.col("layer").cast(pl.Int32), positions.query_step_expr(prompt_len).alias("step"),
@@ -47,19 +73,22 @@ def drift_heatmap(drift: pl.DataFrame, prompt_len: int, texts: list[str] | None 
         texts: token text per position, for the hover.
     """
     df = _drift_frame(drift, prompt_len, texts)
+    sink = df.filter(pl.col("pos") == 0)
+    df = df.filter(pl.col("pos") > 0)  # the sink's residual is far from everything: apart, or it sets the scale
     layers = sorted(df["layer"].unique().to_list())
-    dev = float((df["score"] - 1.0).abs().max() or 1.0)
+    lo, hi = robust_clim(df["score"].to_numpy(), centre=1.0)
+    note = (f"; pos 0 (attention sink) left out: score up to {float(sink['score'].max()):.0f}" if len(sink) else "")
     # HeatMap grids its value columns, so they stay numeric; the hover looks the token text up by pos
     labels = position_labels(texts, prompt_len) if texts is not None else None
     hover = integer_hover([("pos", "@pos{custom}"), ("step", "@step"), ("layer", "@layer"),
                            ("drift score", "@score{0.00}")], {"@pos": labels})
     hm = hv.HeatMap(df.select(pl.col("x").alias("xstep"), "layer", "score", "pos", "step").to_pandas(),
                     kdims=[hv.Dimension("xstep", label="x"), "layer"], vdims=["score", "pos", "step"]).opts(
-        cmap="RdBu_r", clim=(max(0.0, 1 - dev), 1 + dev), colorbar=True, responsive=True, height=230, tools=[hover],
-        xlabel=STEP_AXIS, ylabel="layer", invert_yaxis=True, yticks=layers,
-        ylim=(min(layers) - 0.5, max(layers) + 0.5), toolbar="right",
-        title="Residual drift vs prefill profile (diag. Mahalanobis / √d; 1 = prefill-typical, red = further)",
-        colorbar_opts={"title": "drift score"})
+        cmap="RdBu_r", clim=(lo, hi), clipping_colors={"min": "#053061", "max": "#67001f"}, colorbar=True,
+        responsive=True, height=max(230, 14 * len(layers) + 90), tools=[hover], xlabel=STEP_AXIS, ylabel="layer",
+        invert_yaxis=True, yticks=layer_ticks(layers), ylim=(min(layers) - 0.5, max(layers) + 0.5), toolbar="right",
+        title=f"Residual drift vs prefill profile (diag. Mahalanobis / √d; 1 = typical, red = further){note}",
+        colorbar_opts={"title": "drift score (clipped at the 99th percentile)"})
     edge = hv.VLine(0.5).opts(color="black", line_dash="dashed", line_width=1.5)
     return hm * edge
 
@@ -74,9 +103,12 @@ def drift_curves(drift: pl.DataFrame, thresholds: dict[int, float], prompt_len: 
         thresholds: ``{layer: threshold}`` from the profile.
         prompt_len: P; x as in :func:`drift_heatmap`.
     """
-    df = _drift_frame(drift, prompt_len, texts)
+    df = _drift_frame(drift, prompt_len, texts).filter(pl.col("pos") > 0)  # the sink apart, as in the heatmap
     items = []
-    for i, layer in enumerate(sorted(df["layer"].unique().to_list())):
+    every = sorted(df["layer"].unique().to_list())
+    shown = layer_ticks(every, max_ticks=len(LAYER_COLORS))  # a legend of 30 layers would not fit
+    lo, hi = robust_clim(df["score"].to_numpy(), q=99.5)
+    for i, layer in enumerate(shown):
         color = LAYER_COLORS[i % len(LAYER_COLORS)]
         sub = df.filter(pl.col("layer") == layer).sort("pos")
         t = thresholds.get(layer)
@@ -90,9 +122,11 @@ def drift_curves(drift: pl.DataFrame, thresholds: dict[int, float], prompt_len: 
         if t is not None:
             items.append(hv.HLine(float(t)).opts(color=color, line_dash="dotted", line_width=1.5))
     items.append(hv.VLine(0.5).opts(color="#6c757d", line_dash="dashed"))
+    some = "" if len(shown) == len(every) else f" ({len(shown)} of {len(every)} layers; pos 0 left out)"
     return hv.Overlay(items).opts(
-        responsive=True, height=260, legend_position="right", xlabel=STEP_AXIS, ylabel="drift score",
-        title="Drift by layer; dotted = that layer's threshold, calibrated on held-out prefill", toolbar="right")
+        responsive=True, height=max(260, 22 * len(shown) + 60), legend_position="right", xlabel=STEP_AXIS,
+        ylabel="drift score", ylim=(min(0.0, lo), hi * 1.1), toolbar="right",
+        title=f"Drift by layer{some}; dotted = that layer's threshold, calibrated on held-out prefill")
 
 
 def aligned_continuations(base: pl.DataFrame, steered: pl.DataFrame, prompt_len: int, start_step: int) -> str:

@@ -92,7 +92,8 @@ class DriftSettings(param.Parameterized):
 
     @staticmethod
     def score(traj: Trajectory, prof) -> tuple[pl.DataFrame | None, str]:
-        """``(drift_table, "")`` for ``traj`` against ``prof``, or ``(None, why not)``. Pure; safe off the event loop."""
+        """``(drift_table, note)`` for ``traj`` against ``prof`` (the note says when only some layers were
+        kept, else ""), or ``(None, why not)``. Pure; safe off the event loop."""
         from trajscope.metrics.profile_drift import profile_drift_table
 
         kept = {int(k.split(".")[1]) for k in traj.tensors if k.startswith("residual.")}
@@ -102,7 +103,11 @@ class DriftSettings(param.Parameterized):
         try:
             m = traj.meta["model"]
             prof.check_model(m["n_layers"], m["d_model"], m["model_id"])
-            return profile_drift_table(traj, prof, layers=sorted(kept)), ""
+            layers = sorted(k for k in kept if k < prof.n_layers)
+            note = "" if len(layers) == prof.n_layers else (
+                f"Scored {len(layers)} of {prof.n_layers} layers ({', '.join(map(str, layers))}): the layers this "
+                "run kept. Add layers under 'Keep residuals of layers' and Generate again for more.")
+            return profile_drift_table(traj, prof, layers=layers), note
         except TrajscopeError as exc:
             return None, str(exc)
 

@@ -9,7 +9,7 @@ variables of the same meaning):
 option                 environment variable         default
 =====================  ===========================  =========================================
 ``--data-dir DIR``     ``TRAJSCOPE_DATA_DIRS``      ``sample_data/`` and the runs directory
-``--models A,B``       ``TRAJSCOPE_MODELS``         ``sample``
+``--models A,B``       ``TRAJSCOPE_MODELS``         the installed short names (``sample``, ``smollm2``)
 ``--max-new-tokens N`` ``TRAJSCOPE_MAX_NEW_TOKENS`` 1000
 ``--max-models N``     ``TRAJSCOPE_MAX_MODELS``     2 (loaded models kept, least recently used out)
 ``--max-generations``  ``TRAJSCOPE_MAX_GENERATIONS`` 1 (generations at once; the rest queue, in order)
@@ -80,7 +80,9 @@ class ServeConfig:
                                  "--max-new-tokens, --max-models, --max-generations, --max-sessions, --max-prompt-chars.") from None
         dirs = args.data_dir or [d for d in env.get("TRAJSCOPE_DATA_DIRS", "").split(os.pathsep) if d]
         dirs = dirs or [str(sample_data_dir()), str(runs_dir())]
-        models = args.models or env.get("TRAJSCOPE_MODELS") or "sample"
+        from trajscope.model import available_models
+
+        models = args.models or env.get("TRAJSCOPE_MODELS") or ",".join(available_models()) or "sample"
         try:
             max_new = args.max_new_tokens or int(env.get("TRAJSCOPE_MAX_NEW_TOKENS") or 1000)
             max_models = args.max_models or int(env.get("TRAJSCOPE_MAX_MODELS") or 2)
@@ -136,6 +138,12 @@ class ServeConfig:
             raise TrajscopeError(f"The prompt is capped at {self.max_prompt_chars:,} characters on this server "
                                  f"(it has {len(text):,}).")
         return text
+
+    def default_model(self) -> str:
+        """The model a new page opens on: SmolLM2 when the operator's list has it, else the list's first."""
+        from trajscope.model.load import SMOLLM2
+
+        return SMOLLM2 if SMOLLM2 in self.models else self.models[0]
 
     def new_tokens(self, n: int) -> int:
         """``n`` if within the cap.

@@ -261,7 +261,8 @@ def head_grid(queries: pl.DataFrame, step: int, stat: str) -> hv.Image:
     return img.opts(cmap="viridis", clim=clim, colorbar=True, tools=[hover], invert_yaxis=True, xlabel="head",
                     ylabel="layer", colorbar_opts={"title": CURVE_LABELS.get(stat, stat)},
                     title=f"Every layer × head at this step: {CURVE_LABELS.get(stat, stat)}",
-                    responsive=True, height=300, toolbar=None, xticks=list(range(n_heads)), yticks=list(range(n_layers)))
+                    responsive=True, height=max(300, 16 * n_layers + 70), toolbar=None, xticks=list(range(n_heads)),
+                    yticks=list(range(0, n_layers, -(-n_layers // 16))))
 
 
 def top_attended(queries: pl.DataFrame, tokens: pl.DataFrame, step: int, layer: int, head: int | None,

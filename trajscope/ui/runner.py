@@ -72,6 +72,12 @@ def get_model(source: str, remote: bool = False, api_key: str | None = None,
         return model
 
 
+def loaded_model(source: str) -> ModelHandle | None:
+    """The local model ``source`` if it is already in the cache (nothing is loaded), else None."""
+    with _MODELS_LOCK:
+        return _MODELS.get((source, False, None))
+
+
 class GenerationQueue:
     """First come, first served slots for generations across every session of the process.
 
@@ -253,7 +259,7 @@ class GenerationJob:
 
     def _config(self, model: ModelHandle):
         plan = self.plan
-        return plan.for_model(model.n_layers) if hasattr(plan, "for_model") else plan
+        return plan.for_model(model.n_layers, model.d_model, model.model_id) if hasattr(plan, "for_model") else plan
 
     def _run(self) -> None:
         def waiting(n_ahead: int) -> None:

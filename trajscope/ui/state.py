@@ -99,10 +99,17 @@ class AppState(param.Parameterized):
     max_new_tokens = param.Integer(default=64, doc="Decode steps to run at most (≥ 1; checked when Generate is pressed).")
     temperature = param.Number(default=0.0, bounds=(0.0, 5.0), doc="0 = greedy; > 0 samples with this temperature.")
     seed = param.Integer(default=0, doc="Random seed for sampling (ignored when greedy).")
-    keep_attention = param.String(default="all", doc="Layers whose full attention rows are kept for the heatmap: 'all', 'none' or '0,3'.")
+    keep_attention = param.String(default="none", doc="Layers whose full attention rows are kept besides the layer "
+                                  "shown in the heatmap: 'all', 'none' or '0,3' (other layers keep their top-8 keys).")
+    attention_float16 = param.Boolean(default=True, doc="Save the run's attention rows and residuals in float16 "
+                                      "(half the bytes; attention error below 5e-4); off: float32.")
     keep_residuals = param.String(default="none", doc="Layers whose residuals are kept besides those the SAE and Drift cards need: 'all', 'none' or '0,3'.")
     sae_layer = param.Integer(default=None, allow_None=True, doc="Layer of the SAE the SAE card shows (its residuals are captured).")
+    sae_width = param.Integer(default=None, allow_None=True, doc="Width the SAE reads: its layer is captured only on "
+                              "models of that width (None: on any model).")
     drift_layers = param.List(default=[], item_type=int, doc="Layers the Drift card scores (their residuals are captured).")
+    drift_width = param.Integer(default=None, allow_None=True, doc="Width of the model the drift profile was built on: "
+                                "its layers are captured only on models of that width (None: on any model).")
     run_path = param.String(default="", doc="Path of a saved run directory to open.")
 
     # -- activity ----------------------------------------------------------------------------
@@ -116,6 +123,9 @@ class AppState(param.Parameterized):
     def __init__(self, **params):
         super().__init__(**params)
         self._queries: pl.DataFrame | None = None
+        # an error is about what was typed or done last: changing a setting or the run makes it stale
+        self.param.watch(self._clear_error, ["model_source", "remote", "prompt", "max_new_tokens", "temperature",
+                                             "seed", "keep_attention", "keep_residuals", "run_path", "revision"])
         if self.trajectory is not None:
             self.set_trajectory(self.trajectory)
 
@@ -141,22 +151,46 @@ class AppState(param.Parameterized):
             self._queries = step_queries(self.trajectory.attention) if self.trajectory is not None else pl.DataFrame()
         return self._queries
 
+    def provenance(self) -> str:
+        """One line naming the run on screen and its model (what every card's result belongs to).
+
+        While a generation runs the line says the run on screen is about to be replaced and that
+        actions on it wait (the views disable them).
+        """
+        traj = self.trajectory
+        if traj is None:
+            on_screen = "No run yet"
+        else:
+            model = traj.meta.get("model", {})
+            on_screen = (f"Run `{traj.run_id}` on model `{model.get('model_id', '?')}` ({model.get('n_layers', '?')} "
+                         f"layers × {model.get('n_heads', '?')} heads), {traj.n_steps} steps")
+        if self.busy:
+            return (f"{on_screen} — being replaced: a new run on `{self.model_source}` is generating; actions wait "
+                    "for it.")
+        return on_screen + "."
+
     def step_for_pos(self, pos: int) -> int:
         """The step at which position ``pos`` is the query, clamped to the run's steps."""
         return min(positions.query_step(int(pos), self.prompt_len), self.n_steps - 1) if self.n_steps else 0
 
     # -- actions -------------------------------------------------------------------------------
     def set_trajectory(self, traj: Trajectory, step: int | None = None) -> None:
-        """Show ``traj``: reset step bounds, layer and head choices; keep the step when still valid."""
+        """Show ``traj``: reset step bounds, layer and head choices; keep the step when still valid.
+
+        The layer stays when the model does; a run of another model (or the first run) opens on a
+        middle layer.
+        """
         n_layers = int(traj.meta.get("model", {}).get("n_layers") or (traj.attention["layer"].max() or 0) + 1)
         n_heads = int(traj.meta.get("model", {}).get("n_heads") or (traj.attention["head"].max() or 0) + 1)
         last = max(0, max(1, traj.n_steps) - 1)
         heads = {"mean over heads": MEAN, **{f"head {h}": h for h in range(n_heads)}}
         with param.parameterized.batch_call_watchers(self):
             self._queries = None
+            model_id = traj.meta.get("model", {}).get("model_id")
+            new_model = self.trajectory is None or model_id != self.trajectory.meta.get("model", {}).get("model_id")
             self.param.layer.objects = list(range(n_layers))
-            if self.layer not in self.param.layer.objects:
-                self.layer = 0
+            if new_model or self.layer not in self.param.layer.objects:
+                self.layer = n_layers // 2  # a middle layer: the first and last of a deep model are atypical
             self.param.head.objects = heads
             if self.head not in heads.values():
                 self.head = MEAN
@@ -202,6 +236,10 @@ class AppState(param.Parameterized):
         """One step back."""
         self.go(self.step - 1)
 
+    def _clear_error(self, *_) -> None:
+        if self.error:
+            self.error = ""
+
     def report(self, message: str) -> None:
         """Record an error sentence for the views to show (once: the status line is cleared)."""
         self.param.update(error=message, status="")
@@ -210,7 +248,8 @@ class AppState(param.Parameterized):
         """What Generate captures, frozen now: the typed settings plus the layers the cards on screen need.
 
         Residuals: the "keep residuals" layers, the SAE's layer and the Drift card's layers. Full
-        attention rows: the "keep full attention rows" layers and the layer shown in the heatmap.
+        attention rows: the "keep full attention rows" layers and the layer shown in the heatmap (a
+        middle layer for a model not on screen yet: the layer its run opens on).
 
         Raises:
             TrajscopeError: empty prompt, a prompt or max new tokens over the server's caps, or an unreadable layers field.
@@ -223,12 +262,40 @@ class AppState(param.Parameterized):
 
         config().new_tokens(int(self.max_new_tokens))
         config().prompt(self.prompt)  # whatever the page sent: checked before anything tokenises it
-        want_res = tuple(sorted({*(self.drift_layers or ()), *(() if self.sae_layer is None else (self.sae_layer,))}))
+        wants = [(layer, self.drift_width) for layer in self.drift_layers or ()]
+        wants += [] if self.sae_layer is None else [(self.sae_layer, self.sae_width)]
+        want_res = tuple(sorted({layer for layer, width in wants if width is None}))
+        want_if_width = tuple(sorted({(layer, width) for layer, width in wants if width is not None}))
         config = CaptureConfig(max_new_tokens=int(self.max_new_tokens), temperature=float(self.temperature),
                                seed=int(self.seed), residual_layers=parse_layers(self.keep_residuals, None, "residuals"),
                                attention_layers=parse_layers(self.keep_attention, None, "full attention rows"),
                                prefill_rows="all")  # the token strip colours prompt tokens too
-        return CapturePlan(config, want_residuals=want_res, want_attention=(int(self.layer),))
+        from trajscope.ui.artefacts import same_model
+
+        on_screen = None if self.trajectory is None else self.trajectory.meta.get("model", {}).get("model_id")
+        other_model = on_screen is None or not same_model(on_screen, self.model_source)  # it opens on a middle layer
+        return CapturePlan(config, want_residuals=want_res, want_attention=(int(self.layer),),
+                           float16=bool(self.attention_float16), want_if_width=want_if_width, shipped=True,
+                           attention_middle=other_model)
+
+    def size_estimate(self, shape, prompt_len: int) -> str:
+        """One sentence: about how many bytes the next Generate writes to the runs directory, and why.
+
+        Args:
+            shape: a :class:`~trajscope.ui.storage.RunShape` (or a loaded model: same attributes).
+            prompt_len: the prompt's tokens.
+        Raises:
+            TrajscopeError: the settings are not valid (as :meth:`capture_plan`).
+        """
+        from trajscope.ui.storage import RunShape, estimate_bytes, human
+
+        plan = self.capture_plan()
+        n_att, n_res = plan.kept_layers(shape.n_layers, shape.d_model, getattr(shape, "model_id", None))
+        n = estimate_bytes(RunShape(shape.n_layers, shape.n_heads, shape.d_model), prompt_len,
+                           plan.config.max_new_tokens, n_att, n_res, plan.float16)
+        kept = (f"full attention rows of {n_att} layer{'s' if n_att != 1 else ''}, residuals of {n_res} "
+                f"layer{'s' if n_res != 1 else ''}" + (", in float16" if plan.float16 else ", in float32"))
+        return f"Saved run: up to {human(n)} ({kept})."
 
     def model_key(self) -> tuple[str, bool]:
         """What identifies the model to load: ``(source, remote)`` (never the key)."""

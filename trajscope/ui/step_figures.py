@@ -184,6 +184,19 @@ class TokenStripFigure:
         if self.figure.height != 34 * self.lines + 60:
             self.figure.height = 34 * self.lines + 60
 
+    def follow(self, line: int) -> None:
+        """Pan so that token line ``line`` (0 = first; it spans y ∈ [−line−1, −line]) is in view.
+
+        A long run has more lines than the strip shows; the current step's line is kept in view, a
+        line or two below the top, and the strip does not move while it is already visible.
+        """
+        r = self.figure.y_range
+        top, bottom = -float(line), -float(line) - 1.0
+        if bottom >= r.start - 1e-9 and top <= r.end + 1e-9:
+            return
+        end = min(0.05, top + min(2.0, self.lines - 1.0) + 0.05)
+        r.update(start=end - self.lines - 0.1, end=end)
+
     def on_click(self, fn: Callable[[float, float], None]) -> None:
         """Call ``fn(x, y)`` (data coordinates) when the strip is clicked."""
         _on_tap(self.figure, fn)

@@ -18,7 +18,7 @@ from trajscope.ui.feature_plots import display_table
 
 STYLE = (":host table{border-collapse:collapse;font-size:0.85em}"
          ":host td,:host th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
-         ":host th{background:#f4f4f4}")
+         ":host th{background:#f4f4f4;white-space:nowrap}")  # wide tables scroll sideways, headers stay one line
 
 
 def frame_html(df: pl.DataFrame, digits: int = 3) -> str:
@@ -30,6 +30,11 @@ def frame_html(df: pl.DataFrame, digits: int = 3) -> str:
 
 
 def table_pane(df: pl.DataFrame, digits: int = 3, css_class: str = "ts-table") -> pn.pane.HTML:
-    """:func:`frame_html` in a pane that fits the card's width (scrolls sideways when wider)."""
+    """:func:`frame_html` in a pane that fits the card's width (scrolls sideways when wider).
+
+    The pane's height is set from the rows (one header line, about 26 px a row, room for a scroll
+    bar): a table added to a card after it was laid out (the depth sweep's summary) was cut off at
+    the height the card had before.
+    """
     return pn.pane.HTML(frame_html(df, digits), sizing_mode="stretch_width", css_classes=[css_class],
-                        stylesheets=[STYLE], styles={"overflow-x": "auto"})
+                        stylesheets=[STYLE], styles={"overflow-x": "auto"}, height=48 + 26 * len(df))

@@ -70,6 +70,19 @@ class StateView(pn.viewable.Viewer):
             fn()
 
 
+def provenance_line(state: AppState) -> pn.pane.Markdown:
+    """The line above each card naming the run and the model its results belong to (:meth:`AppState.provenance`)."""
+    return pn.pane.Markdown(pn.bind(lambda *_: state.provenance(), state.param.revision, state.param.busy),
+                            css_classes=["ts-provenance"], sizing_mode="stretch_width", margin=(0, 10),
+                            styles={"font-size": "0.8em", "color": "#555"})
+
+
+def any_of(*flags: bool) -> bool:
+    """True when any flag is; ``pn.bind(any_of, card.param.busy, state.param.busy)`` disables a card's action
+    while the card works or while Generate replaces the run it acts on."""
+    return any(flags)
+
+
 @contextlib.contextmanager
 def redraw_once(doc=None) -> Iterator[None]:
     """Batch every plot update made inside the block into one document change.

@@ -25,10 +25,11 @@ from trajscope.errors import TrajscopeError
 from trajscope.escaping import html_text, md_text
 from trajscope.logs import failure_sentence
 from trajscope.ui import analysis_plots as ap
+from trajscope.ui import artefacts
 from trajscope.ui import openmp
 from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths, skipped_depths
 from trajscope.ui.tables import table_pane
-from trajscope.ui.views._base import StateView, dispatcher, in_background
+from trajscope.ui.views._base import StateView, any_of, dispatcher, in_background
 from trajscope.ui.views._cursor import Cursor, vline
 
 log = logging.getLogger(__name__)
@@ -58,11 +59,13 @@ class DriftView(StateView):
         s = self.settings
         self._ticket += 1
         ticket, traj = self._ticket, self.state.trajectory
+        if traj is not None and self._misfit(traj):
+            return
         try:
             prof = s.profile()
-            self.state.drift_layers = list(range(prof.n_layers))
+            self.state.param.update(drift_layers=artefacts.drift_layers(prof.n_layers), drift_width=prof.d_model)
         except TrajscopeError as exc:
-            self.state.drift_layers = []
+            self.state.param.update(drift_layers=[], drift_width=None)
             s.param.update(drift=None, message=str(exc))
             return
         if traj is None:
@@ -74,6 +77,24 @@ class DriftView(StateView):
         s.param.update(drift=None, message="Scoring the run against the profile…")
         in_background(lambda: s.score(traj, prof), lambda res: self._apply(ticket, traj, res),
                       lambda msg: self._apply(ticket, traj, (None, msg)), what="Drift scoring")
+
+    def _misfit(self, traj) -> bool:
+        """When the profile does not fit the run's model: switch to a shipped one that does, or say none does.
+        True when the profile at ``profile_path`` is not used."""
+        s = self.settings
+        facts = artefacts.model_facts(traj.meta)
+        try:
+            why = artefacts.profile_misfit(s.profile().info, facts)
+        except TrajscopeError:
+            why = None  # no profile there: _recompute says so
+        if why is None:
+            return False
+        other = artefacts.find_profile(facts)
+        if other is not None:
+            s.profile_path = str(other)  # its watcher recomputes with it
+            return True
+        s.param.update(drift=None, message=artefacts.no_profile(facts, why))
+        return True
 
     def _apply(self, ticket: int, traj, result) -> None:
         """Show the drift table; put per-token flags on the token strip (``drift_flagged_layers``, ``drift_score_max``)."""
@@ -99,7 +120,8 @@ class DriftView(StateView):
         self.cursor.step = st.step
         heat = ap.drift_heatmap(drift, P, texts).opts(hooks=[self.cursor.hook])
         curves = ap.drift_curves(drift, self.settings.thresholds, P, texts).opts(hooks=[self.cursor.hook])
-        return pn.Column(pn.pane.HoloViews(heat, sizing_mode="stretch_width"),
+        note = [pn.pane.Alert(message, alert_type="info", css_classes=["ts-drift-note"])] if message else []
+        return pn.Column(*note, pn.pane.HoloViews(heat, sizing_mode="stretch_width"),
                          pn.pane.HoloViews(curves, sizing_mode="stretch_width"), sizing_mode="stretch_width")
 
     def __panel__(self):
@@ -120,7 +142,18 @@ class SteeringView(StateView):
         super().__init__(**params)
         self._cancel = threading.Event()
         self._vectors: dict[tuple, object] = {}
-        self.state.param.watch(lambda e: self.settings.clear(), "revision")
+        self._model_id = None
+        self.state.param.watch(self._new_run, "revision")
+
+    def _new_run(self, *_) -> None:
+        """A new run clears the results; a run of another model steers a middle layer of it."""
+        self.settings.clear()
+        traj = self.state.trajectory
+        model = (traj.meta.get("model", {}) if traj is not None else {})
+        if model.get("n_layers") and model.get("model_id") != self._model_id:
+            self._model_id = model.get("model_id")
+            if self._model_id != "sample" or self.settings.layer >= model["n_layers"]:  # the sample's vector: layer 3
+                self.settings.layer = int(model["n_layers"]) // 2
 
     # -- work (worker thread) -----------------------------------------------------------
     def _model(self):
@@ -146,6 +179,9 @@ class SteeringView(StateView):
     def _launch(self, work) -> None:
         s, dispatch = self.settings, dispatcher()
         if s.busy:
+            return
+        if self.state.busy:
+            s.status = "A new run is generating; steer it once it is on screen."
             return
         if self.state.trajectory is None:
             s.status = "Generate or open a run first: steering continues the run's prompt."
@@ -177,6 +213,11 @@ class SteeringView(StateView):
 
         threading.Thread(target=run, name="trajscope-steer", daemon=True).start()
 
+    def _show(self, run, **results) -> None:
+        """Show results computed on ``run``, unless another run has replaced it meanwhile (then they are dropped)."""
+        if self.state.trajectory is run:
+            self.settings.param.update(**results)
+
     def _finish(self, msg: str) -> None:
         self.settings.busy, self.settings.status = False, msg
 
@@ -198,8 +239,8 @@ class SteeringView(StateView):
             kw = self._capture_kwargs()
             steered = capture(model, base.token_ids[: base.prompt_len], steering=[vec], **kw)
             ref = capture(model, base.token_ids[: base.prompt_len], **kw)
-            dispatch(lambda: self.settings.param.update(base=ref, steered=steered))
-            return f"Steered layer {vec.layer} from step {vec.start_step} with strength {vec.strength:g}."
+            dispatch(lambda: self._show(base, base=ref, steered=steered))
+            return f"Steered run {base.run_id} at layer {vec.layer} from step {vec.start_step} with strength {vec.strength:g}."
 
         self._launch(work)
 
@@ -218,8 +259,9 @@ class SteeringView(StateView):
                                  strengths=[self.settings.strength], max_new_tokens=kw["max_new_tokens"],
                                  window=10, temperature=kw["temperature"], seeds=[kw["seed"]],
                                  cancel=self._cancel, progress=False)
-            dispatch(lambda: self.settings.param.update(sweep_steps=res.steps, sweep_summary=res.summary))
-            done = "Sweep stopped early; finished depths are shown." if not res.complete else "Sweep finished."
+            dispatch(lambda: self._show(base, sweep_steps=res.steps, sweep_summary=res.summary))
+            done = (f"Sweep of run {base.run_id} stopped early; finished depths are shown." if not res.complete
+                    else f"Sweep of run {base.run_id} finished.")
             return " ".join(filter(None, [done, skipped_depths(self.settings.depths, kw["max_new_tokens"])]))
 
         self._launch(work)
@@ -251,8 +293,8 @@ class SteeringView(StateView):
         steer_btn.on_click(self.steer)
         sweep_btn.on_click(self.sweep)
         stop_btn.on_click(self.stop)
-        for b in (steer_btn, sweep_btn):
-            b.disabled = s.param.busy
+        for b in (steer_btn, sweep_btn):  # off while a steer runs, and while Generate replaces the run
+            b.disabled = pn.bind(any_of, s.param.busy, self.state.param.busy)
         busy = pn.indicators.LoadingSpinner(value=s.param.busy, width=24, height=24)
         controls = pn.Row(
             pn.widgets.TextInput.from_param(s.param.pairs_path, name="CAA contrast pairs", width=330),

@@ -24,7 +24,7 @@ from panel.theme import Design, Fast
 from trajscope.studies.registry import studies
 from trajscope.trajectory import Trajectory
 from trajscope.ui.state import AppState
-from trajscope.ui.views._base import StateView
+from trajscope.ui.views._base import StateView, provenance_line
 from trajscope.ui.views.analysis import DriftView, SteeringView
 from trajscope.ui.views.attention import AttentionView
 from trajscope.ui.views.compaction import CompactionView
@@ -134,17 +134,19 @@ class TrajScope(StateView):
         """
         card = dict(sizing_mode="stretch_width", collapsible=False, margin=(5, 5))
         # one list of (tab title, view): the core cards, each registered study's card, then Export
-        panels = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features),
-                  ("Drift", self.drift), ("Steering", self.steering), ("Eviction", self.eviction),
-                  ("Compaction", self.compaction)]
-        panels += [(study.name.replace("-", " ").capitalize(), study.card(self.state))
-                   for study in studies().values() if study.card is not None]
-        panels.append(("Export", self.export))
-        tabs = pn.Tabs(*[(title, pn.Column(view, sizing_mode="stretch_width") if view is self.telemetry else view)
-                         for title, view in panels],
-                       dynamic=True, sizing_mode="stretch_width", css_classes=["ts-tabs"])
+        named = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features),
+                 ("Drift", self.drift), ("Steering", self.steering), ("Eviction", self.eviction),
+                 ("Compaction", self.compaction)]
+        named += [(study.name.replace("-", " ").capitalize(), study.card(self.state))
+                  for study in studies().values() if study.card is not None]
+        named.append(("Export", self.export))
+        self._provenance = [provenance_line(self.state) for _ in named]  # one per card
+        tabs = pn.Tabs(  # each card opens with the run and model its results belong to
+            *[(name, pn.Column(self._provenance[i], view, sizing_mode="stretch_width"))
+              for i, (name, view) in enumerate(named)],
+            dynamic=True, sizing_mode="stretch_width", css_classes=["ts-tabs"])
         self.tabs = tabs
-        views = [view for _, view in panels]
+        views = [view for _, view in named]
 
         def on_tab(*_):  # hidden tabs defer their analyses of a new run until they are opened
             for i, view in enumerate(views):
@@ -201,8 +203,8 @@ class TrajScope(StateView):
 def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample", **params) -> Page:
     """The page ``panel serve apps/trajscope.py`` shows, for one session.
 
-    Opens ``run_dir`` when it holds a run (default: ``sample_data/runs/demo``); without one, the
-    page captures a short run of the demo prompt as soon as it is shown.
+    Opens ``run_dir`` when it holds a run (default: ``sample_data/runs/demo`` on the sample model);
+    without one, the page captures a short run of the demo prompt on ``model`` as soon as it is shown.
     """
     from trajscope.model import sample_data_dir
     from trajscope.ui import operator
@@ -211,7 +213,8 @@ def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample"
         return Page(title=TITLE, font=FONT, main=[pn.pane.Alert(
             f"This trajscope server is full ({operator.config().max_sessions} sessions are open). Try again in a "
             "minute, or ask its operator to raise --max-sessions.", alert_type="warning")], busy_indicator=None)
-    run_dir = pathlib.Path(run_dir) if run_dir else sample_data_dir() / "runs" / "demo"
+    demo = sample_data_dir() / "runs" / "demo"  # a run of the sample model: not the first page of another
+    run_dir = pathlib.Path(run_dir) if run_dir else (demo if model == "sample" else demo / "-")
     has_run = (run_dir / "meta.json").exists()
     settings = {"max_new_tokens": 64 if has_run else 24, "autostart": not has_run, **params}
     app = TrajScope(model=model, trajectory=run_dir if has_run else None, **settings)

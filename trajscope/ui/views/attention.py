@@ -61,7 +61,7 @@ class AttentionView(StateView):
             n = int(traj.attention["pos"].max() or 0) + 1  # positions that were queries
             try:
                 rows = traj.attention_rows(layer)
-                matrix = (rows.mean(0) if h is None else rows[h]).numpy()
+                matrix = (rows.float().mean(0) if h is None else rows[h].float()).numpy()  # saved runs: float16
                 sparse = False
             except TrajscopeError:
                 matrix = plots.attention_matrix(traj.attention, layer, h, n)
@@ -110,7 +110,7 @@ class AttentionView(StateView):
         st = self.state
         layer = pn.widgets.Select.from_param(st.param.layer, name="Layer", width=110)
         head = pn.widgets.Select.from_param(st.param.head, name="Head", width=160)
-        stat = pn.widgets.Select.from_param(st.param.grid_stat, name="Grid statistic", width=170)
+        stat = pn.widgets.Select.from_param(st.param.grid_stat, name="Grid statistic", width=270)  # its longest option fits
         dm = hv.DynamicMap(self.heatmap, streams=[hv.streams.Params(st, ["revision", "layer", "head"])])
         heat = pn.pane.HoloViews(dm, sizing_mode="stretch_width", linked_axes=False, css_classes=["ts-attention-heatmap"])
         self._panes.append(heat)

@@ -22,7 +22,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.escaping import html_text, md_text
 from trajscope.ui import compaction_plots as cp
 from trajscope.ui.compaction_state import CompactionSettings, run_session, summary_line
-from trajscope.ui.views._base import StateView, in_background
+from trajscope.ui.views._base import StateView, any_of, in_background
 
 NOTE = ("A masks T1 and T2 from T3's first query on through the model's key mask (the summary's states, computed "
         "while T1/T2 were visible, are kept); B recomputes `<sys> <summary> <T3>` with fresh positions; C keeps "
@@ -40,6 +40,13 @@ class CompactionView(StateView):
         params.setdefault("settings", CompactionSettings())
         super().__init__(**params)
         self._ticket = 0
+        self.state.param.watch(self._new_run, "revision")
+
+    def _new_run(self, *_) -> None:
+        """A new run (maybe on another model) replaces the page's: a session result of the old one is dropped."""
+        self._ticket += 1
+        self.settings.clear()
+        self.settings.busy = False
 
     def _model(self):
         from trajscope.ui.runner import local_model
@@ -56,6 +63,9 @@ class CompactionView(StateView):
         s = self.settings
         if s.busy:
             return
+        if self.state.busy:
+            s.status = "A new run is generating on the model this card uses; run the session once it is done."
+            return
         try:
             session = s.session()
             from trajscope.ui.operator import config
@@ -69,17 +79,22 @@ class CompactionView(StateView):
         s.param.update(busy=True, result=None, summary="", status=f"Running session {session.session_id} as A, B, C "
                                                                    f"and D ({n_new} greedy tokens each)…")
 
-        in_background(lambda: run_session(self._model(), session, n_new), lambda res: self._finish(ticket, res, ""),
-                      lambda msg: self._finish(ticket, None, msg), name="trajscope-compaction", what="The compaction run")
+        def work():
+            model = self._model()
+            return run_session(model, session, n_new), model.model_id
+
+        in_background(work, lambda out: self._finish(ticket, *out), lambda msg: self._finish(ticket, None, msg),
+                      name="trajscope-compaction", what="The compaction run")
 
     def _finish(self, ticket: int, res, message: str) -> None:
+        """Show the result (``message``: the model it ran on) or why there is none (``message``: one sentence)."""
         if ticket != self._ticket:
             return
         s = self.settings
         if res is None:
             s.param.update(busy=False, result=None, summary="", status=message)
             return
-        s.param.update(busy=False, result=res, summary=summary_line(res), status="")
+        s.param.update(busy=False, result=res, summary=f"On model `{message}`: {summary_line(res)}", status="")
 
     def _plots(self, result):
         if result is None:
@@ -103,10 +118,10 @@ class CompactionView(StateView):
         fields = [area(s.param.sys, "sys", 55), area(s.param.t1, "T1", 75), area(s.param.t2, "T2", 75),
                   area(s.param.summary_text, "summary", 55), area(s.param.t3, "T3", 45)]
         n_new = pn.widgets.IntInput.from_param(s.param.max_new_tokens, name="New tokens", width=110)
-        syn = pn.widgets.Button(label="New synthetic", width=120, css_classes=["ts-cp-synthetic"], disabled=s.param.busy)
+        syn = pn.widgets.Button(label="New synthetic", width=120, css_classes=["ts-cp-synthetic"], disabled=pn.bind(any_of, s.param.busy, self.state.param.busy))
         syn.on_click(self.new_synthetic)
         run_btn = pn.widgets.Button(label="Run", color="primary", width=80, css_classes=["ts-cp-run"],
-                                    disabled=s.param.busy)
+                                    disabled=pn.bind(any_of, s.param.busy, self.state.param.busy))
         run_btn.on_click(self.run)
         busy = pn.indicators.LoadingSpinner(value=s.param.busy, width=24, height=24)
         return pn.Column(

@@ -14,6 +14,7 @@ import logging
 import time
 
 import panel as pn
+import param
 
 from trajscope.errors import TrajscopeError
 from trajscope.escaping import md_text
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 class Controls(StateView):
     """Model / prompt / sampling widgets, Generate and Stop, progress, and open-a-run."""
+
+    models_loaded = param.Integer(default=0, doc="Bumped when the page's warm-up has loaded the model (the size "
+                                  "estimate needs its shape).")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -99,11 +103,14 @@ class Controls(StateView):
         if remote:
             return
 
+        dispatch = dispatcher()
+
         def load():
             try:
                 get_model(source)
             except Exception:  # Generate reports a failing model when it is pressed
-                pass
+                return
+            dispatch(lambda: setattr(self, "models_loaded", self.models_loaded + 1))  # the estimate can be shown
 
         threading.Thread(target=load, name="trajscope-warm-up", daemon=True).start()
 
@@ -112,6 +119,20 @@ class Controls(StateView):
         if self.job is not None and self.state.busy:
             self.job.stop()
             self.ticker.message = "Stopping after the current step…"
+
+    def size_text(self, *_) -> str:
+        """The size estimate shown under the settings (needs the model loaded: the page loads it at start)."""
+        from trajscope.ui.runner import loaded_model
+
+        st = self.state
+        try:
+            source, remote = st.model_key()
+            model = None if remote else loaded_model(source)
+            if model is None:
+                return "Saved run size: shown once the model is loaded."
+            return st.size_estimate(model, len(model.encode(st.prompt)))
+        except TrajscopeError as exc:
+            return str(exc)
 
     def _on_wait(self, n_ahead: int) -> None:
         self.ticker.message = (f"Waiting for a free generation slot: {n_ahead} generation{'s' if n_ahead > 1 else ''} "
@@ -148,6 +169,8 @@ class Controls(StateView):
 
     def _save(self, traj, done: str) -> None:
         """Save the run to the runs directory off the event loop; list it, or say why it was not saved."""
+        float16 = getattr(getattr(self.job, "plan", None), "float16", True)  # the plan Generate froze
+
         def failed(err: str) -> None:  # the run stays on screen; only the copy on disk is missing
             self.state.report(f"{err} The run stays on screen; export it from the Export tab.")
 
@@ -156,7 +179,7 @@ class Controls(StateView):
             if self.state.trajectory is traj:
                 self.state.param.update(run_path=str(path), status=f"{done} Saved to {path}.")
 
-        in_background(lambda: saved_runs.save_run(traj), apply, failed, what="Saving the run")
+        in_background(lambda: saved_runs.save_run(traj, float16=float16), apply, failed, what="Saving the run")
 
     def _on_error(self, message: str) -> None:
         self._give_back()
@@ -183,9 +206,12 @@ class Controls(StateView):
 
     def __panel__(self):
         st = self.state
-        source = pn.widgets.TextInput.from_param(
-            st.param.model_source, name="Model", description="'sample' (shipped), a local model directory, "
-            "a Hugging Face name already in the local cache, or an NDIF model name with 'NDIF remote' ticked.")
+        choices = list(dict.fromkeys((*config().models, *st.trusted_models, st.model_source)))
+        source = pn.widgets.Select(label="Model", options=choices, value=st.model_source, css_classes=["ts-model"],
+                                   description="The models this server offers (its operator adds more with "
+                                   "--models): 'sample' is the tiny shipped model, 'smollm2' SmolLM2-135M-Instruct.")
+        source.link(st, value="model_source")
+        st.param.watch(lambda e: setattr(source, "value", e.new) if e.new in source.options else None, "model_source")
         remote = pn.widgets.Checkbox.from_param(st.param.remote, name="NDIF remote")
         key = pn.widgets.PasswordInput.from_param(st.param.ndif_api_key, name="NDIF API key",
                                                   placeholder="only for NDIF remote; never saved")
@@ -199,11 +225,19 @@ class Controls(StateView):
         seed = pn.widgets.IntInput.from_param(st.param.seed, name="Seed", width=75)
         keep = pn.widgets.TextInput.from_param(st.param.keep_attention, name="Keep full attention rows of layers",
                                                description="'all', 'none' or indices like '0,3'. The layer shown in "
-                                               "the heatmap is always kept; other layers show their top-8 keys only.")
+                                               "the heatmap is always kept; other layers show their top-8 keys only. "
+                                               "Full rows cost heads × n² numbers per layer (see the estimate below).")
         keep_res = pn.widgets.TextInput.from_param(
             st.param.keep_residuals, name="Keep residuals of layers", css_classes=["ts-keep-residuals"],
             description="'all', 'none' or indices like '0,3'. The SAE's layer and the Drift card's layers are "
                         "always kept; add layers here to export their residuals or to switch SAE / profile later.")
+        f16 = pn.widgets.Checkbox.from_param(st.param.attention_float16, name="Save attention rows and residuals in float16")
+        size = pn.pane.Markdown(pn.bind(self.size_text, st.param.max_new_tokens, st.param.keep_attention,
+                                        st.param.keep_residuals, st.param.attention_float16, st.param.layer,
+                                        st.param.model_source, st.param.prompt, st.param.busy,
+                                        self.param.models_loaded),
+                                css_classes=["ts-size-estimate"], styles={"font-size": "0.8em", "color": "#555"},
+                                sizing_mode="stretch_width")
         gen = pn.widgets.Button(label="Generate", color="primary", width=130, css_classes=["ts-generate"])
         stop = pn.widgets.Button(label="Stop", color="danger", width=90, disabled=True, css_classes=["ts-stop"])
         gen.on_click(self.generate)
@@ -220,6 +254,6 @@ class Controls(StateView):
         open_btn = pn.widgets.Button(label="Open run", width=110, css_classes=["ts-open"])
         open_btn.on_click(self.open_run)
         return pn.Column(
-            "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res,
+            "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res, f16, size,
             pn.Row(gen, stop), self.ticker, alert,
             pn.pane.HTML("<hr style='border: none; border-top: 1px solid #ddd'>", sizing_mode="stretch_width"), self.saved, path, open_btn, sizing_mode="stretch_width")

@@ -21,7 +21,7 @@ import param
 from trajscope.escaping import html_text, md_text
 from trajscope.ui import eviction_plots as ep
 from trajscope.ui.eviction_state import LABELS, EvictionSettings, run_study
-from trajscope.ui.views._base import StateView, in_background
+from trajscope.ui.views._base import StateView, any_of, in_background
 from trajscope.ui.views._cursor import Cursor, vline
 
 NOTE = ("The study captures its own greedy run of this prompt (as many steps as this run) with every layer's "
@@ -73,6 +73,9 @@ class EvictionView(StateView):
         s, traj = self.settings, self.state.trajectory
         if s.busy:
             return
+        if self.state.busy:
+            s.status = "A new run is generating; run the study on it once it is on screen."
+            return
         if traj is None:
             s.status = "Generate or open a run first: the study uses the run's prompt."
             return
@@ -83,7 +86,7 @@ class EvictionView(StateView):
         self._ticket += 1
         ticket, policy, budget, window = self._ticket, s.policy, float(s.budget), int(s.window)
         s.param.update(busy=True, result=None, summary="",
-                       status=f"Running {LABELS[policy]} at budget {budget:g} on this run's prompt…")
+                       status=f"Running {LABELS[policy]} at budget {budget:g} on run {traj.run_id}'s prompt…")
 
         in_background(lambda: run_study(self._model(), traj, policy, budget, window),
                       lambda res: self._finish(ticket, traj, res, ""), lambda msg: self._finish(ticket, traj, None, msg),
@@ -133,7 +136,7 @@ class EvictionView(StateView):
         window = pn.widgets.IntInput.from_param(s.param.window, name="Window", width=90,
                                                 disabled=pn.bind(lambda p: p == "streamingllm", s.param.policy))
         run_btn = pn.widgets.Button(label="Run", color="primary", width=80, css_classes=["ts-ev-run"],
-                                    disabled=s.param.busy)
+                                    disabled=pn.bind(any_of, s.param.busy, self.state.param.busy))
         run_btn.on_click(self.run)
         busy = pn.indicators.LoadingSpinner(value=s.param.busy, width=24, height=24)
         return pn.Column(

@@ -29,6 +29,7 @@ from trajscope.escaping import md_text
 from trajscope.model import sample_data_dir
 from trajscope.sae.index import FeatureIndex, density_table
 from trajscope.sae.labels import FeatureLabels
+from trajscope.ui import artefacts
 from trajscope.ui import feature_plots as fp
 from trajscope.ui.tables import table_pane
 from trajscope.ui.views._base import StateView, in_background
@@ -129,14 +130,32 @@ class FeaturesView(StateView):
             self._sae, self._sae_loaded_from = None, self.sae_path
             path = config().path(self.sae_path, "SAE directory")  # typed in the browser: inside the data directories
             if not pathlib.Path(path).is_dir():
-                self.state.sae_layer = None
+                self.state.param.update(sae_layer=None, sae_width=None)
                 raise TrajscopeError(f"No SAE directory at {self.sae_path}.")
             self._sae = SAE.load(str(path))
-            self.state.sae_layer = int(self._sae.cfg.layer)
+            self.state.param.update(sae_layer=int(self._sae.cfg.layer), sae_width=int(self._sae.cfg.d_in))
             self.card.param.update(labels=FeatureLabels(path), index=FeatureIndex.load(path), feature=None)
         if self._sae is None:
             raise TrajscopeError(f"No SAE directory at {self.sae_path}.")
         return self._sae
+
+    def _misfit(self, traj) -> bool:
+        """When the SAE does not fit the run's model: switch to a shipped one that does, or say none does
+        (and show nothing of the other model's SAE). True when the SAE at ``sae_path`` is not used."""
+        if not (pathlib.Path(self.sae_path) / "cfg.json").is_file():
+            return False  # not an SAE: loading it says so (a typed path is never swapped for another)
+        facts = artefacts.model_facts(traj.meta)
+        why = artefacts.sae_misfit(self.sae_path, facts)
+        if why is None:
+            return False
+        other = artefacts.find_sae(facts)
+        if other is not None:
+            self.sae_path = str(other)  # its watcher recomputes with it
+            return True
+        self._sae = self._sae_loaded_from = None  # a later fitting path loads afresh
+        self.card.param.update(feature=None, index=None, run_density=None)
+        self._apply(self._ticket, (None, artefacts.no_sae(facts, why)))
+        return True
 
     def choose(self, feature: int | None) -> None:
         """Show ``feature`` in the card."""
@@ -159,6 +178,8 @@ class FeaturesView(StateView):
         """Encode the run's residuals with the SAE, off the event loop; stale results are dropped."""
         self._ticket += 1
         ticket, traj = self._ticket, self.state.trajectory
+        if traj is not None and self._misfit(traj):
+            return
         try:
             sae = self._load_sae()
         except TrajscopeError as exc:
@@ -258,6 +279,8 @@ class FeaturesView(StateView):
         tl = pn.pane.HoloViews(pn.bind(self.timeline, self.param.message), sizing_mode="stretch_width",
                                linked_axes=False)
         self._panes += [err, tl]
+        for pane in (err, tl):  # without features the plots are hidden: the box below says why
+            pane.visible = pn.bind(lambda *_: self._enc is not None, self.param.message)
         top = pn.Column(pn.pane.Markdown("**Top features at the current step** (open one with the Feature "
                                          "chooser below)"), self.top_html, sizing_mode="stretch_width")
         card = pn.Column(self.chooser, self.card, sizing_mode="stretch_width",

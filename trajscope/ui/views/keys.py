@@ -4,6 +4,13 @@ A tiny :class:`panel.custom.JSComponent` listens for ``keydown`` on the page
 and sends ``"ArrowLeft"`` / ``"ArrowRight"`` to Python, unless the key is typed
 into a text field (the event's composed path starts at an input or textarea, so
 typing a prompt never moves the step).
+
+It also keeps Enter typed into one of the app's one-line inputs (the step box)
+away from the page's own keyboard shortcuts: JupyterLab handles every keydown on
+its document in the capture phase and takes Enter (its "edit cell" command),
+which cancelled the input's commit, so the step box ignored Enter there. A
+capture listener on ``window`` runs before the document's and stops the event's
+propagation (not its default action, which commits the input).
 """
 
 from __future__ import annotations
@@ -36,8 +43,19 @@ class ArrowKeys(JSComponent):
         e.preventDefault();
         model.send_msg(e.key);
       };
+      const enter = (e) => {
+        if (e.key !== 'Enter' || e.shiftKey || e.altKey || e.ctrlKey || e.metaKey) return;
+        const path = e.composedPath ? e.composedPath() : [e.target];
+        const first = path[0];
+        if ((first && first.tagName || '').toLowerCase() !== 'input') return;
+        if (path.some((el) => el && el.classList && el.classList.contains('ts-step-box'))) e.stopPropagation();
+      };
       document.addEventListener('keydown', handler);
-      model.on('remove', () => document.removeEventListener('keydown', handler));
+      window.addEventListener('keydown', enter, true);
+      model.on('remove', () => {
+        document.removeEventListener('keydown', handler);
+        window.removeEventListener('keydown', enter, true);
+      });
       const el = document.createElement('span');
       el.style.display = 'none';
       return el;

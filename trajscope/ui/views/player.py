@@ -57,10 +57,12 @@ class StepPlayer(StateView):
 
     def _box_changed(self, event) -> None:
         st = self.state
+        if event.new == st.step and st.n_steps:  # the box back at the step on screen (below): the note stays
+            return
         step, why = check_step(event.new, st.n_steps)
         self._box_note.object = why
         if step is None:
-            self._box.value = st.step  # show the step actually on screen
+            self._box.value = st.step  # show the step actually on screen; the note says why it went back
         else:
             st.go(step)
 

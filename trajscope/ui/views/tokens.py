@@ -46,6 +46,15 @@ class TokenStrip(StateView):
 
     def _move(self, event) -> None:
         self.cursor.set_step(event.new, *self._panes)
+        self._follow(event.new)
+
+    def _follow(self, step: int) -> None:
+        """Keep the line of the step's query token in view (long runs have more lines than the strip shows)."""
+        if self.layout_df is None or not len(self.layout_df):
+            return
+        row = self.layout_df.filter(pl.col("pos") == positions.query_pos(step, self.prompt_len))
+        if len(row):
+            self.strip.follow(int(-float(row["y1"][0]) + 0.5))
 
     def redraw(self) -> None:
         """Lay out the current run's tokens, coloured by the chosen metric, and move the cursor to the step."""
@@ -61,6 +70,7 @@ class TokenStrip(StateView):
         self.strip.show(self.layout_df, self.prompt_len, label, process_cmap(cmap, ncolors=256),
                         centred=cmap == "RdBu_r")
         self.cursor.set_step(st.step, *self._panes)
+        self._follow(st.step)
 
     def _cursor_props(self, step: int) -> list[dict]:
         P = self.prompt_len

@@ -1,0 +1,134 @@
+"""Which SAE and drift profile fit a run's model, and what to say when none does.
+
+An SAE reads residuals of one width at one layer; a drift profile scores every
+layer of one model. Either, fitted on another model, gives numbers that mean
+nothing (the sample SAE's features on SmolLM2) or fails on the width. So the
+app checks the run's model (``meta["model"]``: model id, layers, width) against
+an artefact before it loads it: :func:`sae_misfit` / :func:`profile_misfit`
+give the sentence that says why one does not fit, and :func:`find_sae` /
+:func:`find_profile` look for one that does under ``sample_data/saes`` and
+``sample_data/profiles`` (where assets built for a model are shipped). When none
+fits, :func:`no_sae` / :func:`no_profile` name the commands that build one. No
+Panel here.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+from trajscope.model import sample_data_dir
+
+ALIASES = {"trajscope-tiny": "sample"}  # the sample model's directory name
+
+
+def model_facts(meta: dict) -> dict[str, Any]:
+    """``{"model_id", "n_layers", "d_model"}`` of a run's ``meta`` (missing values as None)."""
+    m = meta.get("model", {}) if meta else {}
+    return {"model_id": m.get("model_id"), "n_layers": m.get("n_layers"), "d_model": m.get("d_model")}
+
+
+def _name(model_id: str | None) -> str:
+    name = pathlib.PurePath(str(model_id or "")).name.lower()
+    return ALIASES.get(name, name)
+
+
+def same_model(a: str | None, b: str | None) -> bool:
+    """Whether two model ids name one model: equal names (last path part, any case), or one is the other's
+    short name (``smollm2`` and ``smollm2-135m-instruct``). Unknown ids (None, "") never conflict."""
+    x, y = _name(a), _name(b)
+    if not x or not y:
+        return True
+    return x == y or x.startswith(y + "-") or y.startswith(x + "-")
+
+
+def _sae_cfg(path: pathlib.Path) -> dict | None:
+    try:
+        return json.loads((path / "cfg.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def sae_misfit(path: str | pathlib.Path, facts: dict) -> str | None:
+    """Why the SAE at ``path`` does not fit a model with ``facts`` (:func:`model_facts`), or None if it fits."""
+    cfg = _sae_cfg(pathlib.Path(path))
+    if cfg is None:
+        return f"No SAE directory at {path}."
+    meta = cfg.get("metadata", {})
+    layer = meta.get("layer", cfg.get("layer"))
+    trained_on = meta.get("model_name")
+    what = f"The SAE at {path} was trained on '{trained_on}' (width {cfg.get('d_in')}, layer {layer})"
+    if facts.get("d_model") is not None and cfg.get("d_in") != facts["d_model"]:
+        return f"{what}; this run's model '{facts.get('model_id')}' is {facts['d_model']} wide."
+    if facts.get("n_layers") is not None and layer is not None and not 0 <= int(layer) < facts["n_layers"]:
+        return f"{what}; this run's model '{facts.get('model_id')}' has {facts['n_layers']} layers."
+    if not same_model(trained_on, facts.get("model_id")):
+        return f"{what}, not on this run's model '{facts.get('model_id')}'."
+    return None
+
+
+def profile_misfit(info: dict, facts: dict) -> str | None:
+    """Why a profile with ``info`` (its model fingerprint) does not fit a model with ``facts``, or None."""
+    shape_ok = (facts.get("n_layers") in (None, info.get("n_layers"))
+                and facts.get("d_model") in (None, info.get("d_model")))
+    if shape_ok and same_model(info.get("model_id"), facts.get("model_id")):
+        return None
+    return (f"This profile was built on '{info.get('model_id')}' ({info.get('n_layers')} layers, width "
+            f"{info.get('d_model')}), not on this run's model '{facts.get('model_id')}' ({facts.get('n_layers')} "
+            f"layers, width {facts.get('d_model')}).")
+
+
+def find_sae(facts: dict, root: pathlib.Path | None = None) -> pathlib.Path | None:
+    """A shipped SAE that fits the model (the first by name under ``root``, default ``sample_data/saes``)."""
+    root = root or sample_data_dir() / "saes"
+    dirs = sorted(p.parent for p in root.glob("*/cfg.json")) if root.is_dir() else []
+    return next((d for d in dirs if sae_misfit(d, facts) is None), None)
+
+
+def _profile_info(path: pathlib.Path) -> dict | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return json.loads((f.metadata() or {}).get("info", "null"))
+    except Exception:  # not a profile file: skipped
+        return None
+
+
+def find_profile(facts: dict, root: pathlib.Path | None = None) -> pathlib.Path | None:
+    """A shipped drift profile that fits the model (the first by name under ``root``, default ``sample_data/profiles``)."""
+    root = root or sample_data_dir() / "profiles"
+    files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
+    return next((p for p in files if (i := _profile_info(p)) is not None and profile_misfit(i, facts) is None), None)
+
+
+def drift_layers(n_layers: int, most: int = 8) -> list[int]:
+    """The layers a run keeps for the Drift card: all of a shallow model, else ``most`` spread from first to last.
+
+    Residuals cost ``n × d_model`` numbers per layer (2.3 MB in float32 for 1,000 SmolLM2 tokens), so a
+    30-layer model keeps 8 layers by default; more are a choice under "Keep residuals of layers".
+    """
+    if n_layers <= most:
+        return list(range(n_layers))
+    return sorted({round(i * (n_layers - 1) / (most - 1)) for i in range(most)})
+
+
+def _model_arg(facts: dict) -> str:
+    return str(facts.get("model_id") or "MODEL")
+
+
+def no_sae(facts: dict, why: str = "") -> str:
+    """The SAE card's message when no SAE fits: why, and the commands that build one for this model."""
+    m, mid = _model_arg(facts), (facts.get("n_layers") or 2) // 2
+    return (f"No SAE for this model ('{m}'). {why} Build one with `trajscope harvest --model {m} --prompts "
+            f"PROMPTS.jsonl --layer {mid} --out harvest/` then `trajscope train-sae --harvest harvest/ --out "
+            f"saes/layer{mid}/`, and type its directory above.").replace("  ", " ")
+
+
+def no_profile(facts: dict, why: str = "") -> str:
+    """The Drift card's message when no profile fits: why, and the command that builds one for this model."""
+    m = _model_arg(facts)
+    return (f"No drift profile for this model ('{m}'). {why} Build one with `trajscope profile --model {m} "
+            "--prompts PROMPTS.jsonl --out profile.safetensors`, type its path above, and Generate again (runs keep "
+            "the residuals of the profile's layers).").replace("  ", " ")
