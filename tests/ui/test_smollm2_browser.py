@@ -87,29 +87,22 @@ def test_every_card_shows_smollm2s_data_or_says_what_is_missing(page, monkeypatc
     assert app.state.param.layer.objects == list(range(30)) and app.state.layer == 15  # a middle layer
     assert traj.meta["attention_layers"] == [15]  # the layer shown only (saved in float16)
     kept = traj.meta["residual_layers"] or []
-    assert not (set(kept) == set(range(6)))  # not the sample profile's layers 0–5
+    assert not (set(kept) == set(range(6))) and 15 in kept  # not the sample profile's layers 0–5; the SAE's layer 15
     for card in CARDS:
         page.locator(".bk-tab", has_text=card).first.click()
         wait_until(lambda: f"Run {traj.run_id} on model smollm2" in text(page, ".ts-provenance"), page,
                    timeout=TIMEOUT)
         if card == "SAE features":
             wait_until(lambda: not app.features.message.startswith("Encoding"), page, timeout=TIMEOUT)
-            if app.features._enc is None:  # no SAE fits SmolLM2: the card says so and shows none of the sample's
-                assert app.features.message.startswith("No SAE for this model ('smollm2')")
-                assert "trajscope train-sae" in app.features.message
-                assert app.features.card.index is None and app.features.card.feature is None
-                wait_until(lambda: "No SAE for this model ('smollm2')" in page.evaluate(DEEP_TEXT), page,
-                           timeout=TIMEOUT)
-            assert artefacts.sae_misfit(app.features.sae_path, facts) is None or app.features._enc is None
+            # the SAE shipped for SmolLM2 (sample_data/smollm2), never the sample model's
+            assert app.features._enc is not None, app.features.message
+            assert "smollm2" in str(app.features.sae_path) and artefacts.sae_misfit(app.features.sae_path, facts) is None
+            assert app.features.card.index is not None
         if card == "Drift":
             s = app.drift.settings
             wait_until(lambda: not s.message.startswith("Scoring"), page, timeout=TIMEOUT)
-            if s.drift is None:
-                assert s.message.startswith("No drift profile for this model ('smollm2')"), s.message
-                wait_until(lambda: "No drift profile for this model" in page.evaluate(DEEP_TEXT), page,
-                           timeout=TIMEOUT)
-            else:
-                assert artefacts.profile_misfit(s.profile().info, facts) is None
+            assert s.drift is not None, s.message  # the profile shipped for SmolLM2
+            assert artefacts.profile_misfit(s.profile().info, facts) is None
         if card == "Steering":
             assert app.steering.settings.layer == 15
         _shot(page, card)

@@ -6,8 +6,10 @@ nothing (the sample SAE's features on SmolLM2) or fails on the width. So the
 app checks the run's model (``meta["model"]``: model id, layers, width) against
 an artefact before it loads it: :func:`sae_misfit` / :func:`profile_misfit`
 give the sentence that says why one does not fit, and :func:`find_sae` /
-:func:`find_profile` look for one that does under ``sample_data/saes`` and
-``sample_data/profiles`` (where assets built for a model are shipped). When none
+:func:`find_profile` look for one that does where assets are shipped: the sample
+model's under ``sample_data/saes`` and ``sample_data/profiles``, another model's in
+its own folder as ``trajscope prepare --ship`` writes it (``sample_data/smollm2/saes/*``,
+``sample_data/smollm2/profile.safetensors``). When none
 fits, :func:`no_sae` / :func:`no_profile` name the commands that build one. No
 Panel here.
 """
@@ -80,9 +82,11 @@ def profile_misfit(info: dict, facts: dict) -> str | None:
 
 
 def find_sae(facts: dict, root: pathlib.Path | None = None) -> pathlib.Path | None:
-    """A shipped SAE that fits the model (the first by name under ``root``, default ``sample_data/saes``)."""
-    root = root or sample_data_dir() / "saes"
-    dirs = sorted(p.parent for p in root.glob("*/cfg.json")) if root.is_dir() else []
+    """A shipped SAE that fits the model: under ``root``, default ``sample_data/saes`` and every
+    ``sample_data/<model>/saes``; prefill-only SAEs first, then by name."""
+    roots = [root] if root else [sample_data_dir() / "saes", *sorted(sample_data_dir().glob("*/saes"))]
+    dirs = [p.parent for r in roots if r.is_dir() for p in r.glob("*/cfg.json")]
+    dirs.sort(key=lambda d: ("prefill-only" not in d.name, str(d)))
     return next((d for d in dirs if sae_misfit(d, facts) is None), None)
 
 
@@ -97,9 +101,13 @@ def _profile_info(path: pathlib.Path) -> dict | None:
 
 
 def find_profile(facts: dict, root: pathlib.Path | None = None) -> pathlib.Path | None:
-    """A shipped drift profile that fits the model (the first by name under ``root``, default ``sample_data/profiles``)."""
-    root = root or sample_data_dir() / "profiles"
-    files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
+    """A shipped drift profile that fits the model: the first by name under ``root``, default
+    ``sample_data/profiles`` and every ``sample_data/<model>/profile.safetensors``."""
+    if root:
+        files = sorted(root.glob("*.safetensors")) if root.is_dir() else []
+    else:
+        base = sample_data_dir()
+        files = [*sorted((base / "profiles").glob("*.safetensors")), *sorted(base.glob("*/profile.safetensors"))]
     return next((p for p in files if (i := _profile_info(p)) is not None and profile_misfit(i, facts) is None), None)
 
 
@@ -121,7 +129,8 @@ def _model_arg(facts: dict) -> str:
 def no_sae(facts: dict, why: str = "") -> str:
     """The SAE card's message when no SAE fits: why, and the commands that build one for this model."""
     m, mid = _model_arg(facts), (facts.get("n_layers") or 2) // 2
-    return (f"No SAE for this model ('{m}'). {why} Build one with `trajscope harvest --model {m} --prompts "
+    return (f"No SAE for this model ('{m}'). {why} Build one with `trajscope prepare --model {m} --out build/` "
+            f"(a profile, SAEs and a steering vector), or with `trajscope harvest --model {m} --prompts "
             f"PROMPTS.jsonl --layer {mid} --out harvest/` then `trajscope train-sae --harvest harvest/ --out "
             f"saes/layer{mid}/`, and type its directory above.").replace("  ", " ")
 
