@@ -4,11 +4,12 @@ For every prompt, :func:`eviction`:
 
 1. captures the full run (greedy, ``max_new_tokens`` steps, every layer's attention rows kept);
 2. scores prompt keys with each policy of :mod:`trajscope.metrics.eviction` — SnapKV, H2O,
-   StreamingLLM and PyramidKV from the prefill attention; ``lookahead`` from the decode queries
-   of a *draft* (a sampled continuation, temperature 1, of ``m`` steps: an approximation of the
-   real continuation, as LAQ's draft is); ``pseudo`` from the window's tokens placed again at
-   positions ``P … P+m−1`` (one forward, their rows over the prompt keys); ``oracle`` from the
-   real decode queries of steps 1..m — and keeps each budget's top prompt positions;
+   StreamingLLM and PyramidKV from the prefill attention; ``lookahead`` as LAQ does, per budget:
+   the window's queries plus those of a greedy ``m``-token draft made on the SnapKV-compressed
+   cache (:mod:`trajscope.studies.eviction_queries`); ``pseudo`` from the last ``m`` prompt tokens
+   placed again at positions ``P … P+m−1`` (one forward, their rows over the prompt keys);
+   ``oracle`` from the real decode queries of steps 1..m — and keeps each budget's top prompt
+   positions;
 3. measures, per decode step, layer and head, the recall of the step's top-k attended prompt
    positions inside the kept set and the attention mass on evicted positions (the full run's
    rows: what the model actually looked at);
@@ -37,6 +38,7 @@ from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
 from trajscope.metrics import eviction as ev
 from trajscope.metrics.bands import depth_band_expr
+from trajscope.studies import eviction_queries as eq
 from trajscope.trajectory import write_table
 
 TABLES = ("eviction_kept", "eviction_steps", "eviction_rerun")
@@ -91,21 +93,14 @@ def _rows(traj) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _query_rows(model, traj, policy: str, m: int, window: int, seed: int) -> torch.Tensor | None:
-    """``[L, H, m', P]`` rows that ``lookahead`` / ``pseudo`` / ``oracle`` score with (None for the others)."""
+    """``[L, H, m', P]`` rows that ``pseudo`` / ``oracle`` score with (None for the others; ``lookahead``'s
+    draft depends on the budget: :func:`~trajscope.studies.eviction_queries.laq_rows`)."""
     P = traj.prompt_len
     if policy == "oracle":
         _, dec = _rows(traj)
         return dec[:, :m, :, :P].permute(0, 2, 1, 3)
-    if policy == "lookahead":
-        draft = capture(model, traj.token_ids[:P], CaptureConfig(max_new_tokens=m + 1, temperature=1.0, seed=seed,
-                                                                  stop_at_eos=False, attention_layers="all"))
-        _, dec = _rows(draft)
-        return dec[:, :m, :, :P].permute(0, 2, 1, 3)
     if policy == "pseudo":
-        ids = traj.token_ids[:P]
-        pseudo = ids + ids[P - min(m, window):]
-        rows = model.forward(pseudo, attention_rows=len(pseudo) - P).attn
-        return torch.stack([rows[layer][:, :, :P] for layer in sorted(rows)])
+        return eq.pseudo_rows(model, traj.token_ids[:P], m)
     return None
 
 
@@ -169,9 +164,13 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
                                  f"use --window ≤ {P} or longer prompts.")
         prefill, decode = _rows(traj)
         full_logits = model.forward(traj.token_ids[:-1]).logits if rerun else None
+        shared = model.forward(traj.token_ids[:P], return_cache=True) if "lookahead" in policies else None
         for policy in policies:
             q = _query_rows(model, traj, policy, lookahead, window, seed + i)
             for budget in budgets:
+                if policy == "lookahead":
+                    q = eq.laq_rows(model, traj.token_ids[:P], shared, prefill, budget, window=window, m=lookahead,
+                                    per_head=per_head)[1]
                 sel = ev.select(policy, prefill, budget, window=window, query_rows=q, per_head=per_head)
                 tag = [pl.lit(run_id).alias("run_id"), pl.lit(policy).alias("policy"),
                        pl.lit(float(budget)).alias("budget")]
