@@ -322,35 +322,6 @@ def masked_decode(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, ke
     return ids
 
 
-def decode_on_cache(model: Any, prompt_len: int, prefill: ForwardResult, n_new: int, key_mask: torch.Tensor | None,
-                    *, rows: bool = False) -> tuple[list[int], torch.Tensor | None]:
-    """Greedy decode after a prefill that is already done; decode queries see only the keys ``key_mask`` keeps.
-
-    The prefill (``forward(prompt, return_cache=True)``) is shared by every caller, so a long prompt is read
-    once for many key masks; its cache is copied, never changed. The first token is the prefill's greedy choice.
-
-    Args:
-        prompt_len: P. ``n_new``: tokens to generate (EOS does not stop it).
-        key_mask: ``[L, H, ≥P]`` keys the decode queries may see (None: every key).
-        rows: also return the rows of the ``n_new`` generated tokens' queries (one forward more than decoding
-            needs) over the prompt keys — every prompt key, the hidden ones too (``attn="rows"``).
-    Returns:
-        ``(tokens, rows)``: the generated ids and, with ``rows``, ``[L, H, n_new, P]`` float32 (else None).
-    """
-    P = int(prompt_len)
-    ids = [int(prefill.logits[-1].argmax())]
-    got = []
-    cache = copy.deepcopy(prefill.cache)
-    for t in range(n_new - 1 + int(rows)):
-        out = forward(model, [ids[-1]], prompt_len=P, key_mask=key_mask, past=cache, attention_rows=int(rows),
-                      rows_unmasked=rows and key_mask is not None, _inplace=True)
-        if rows:
-            got.append(torch.stack([out.attn[layer][:, -1, :P] for layer in sorted(out.attn)]))
-        if t < n_new - 1:
-            ids.append(int(out.logits[-1].argmax()))
-    return ids, (torch.stack(got, dim=2) if rows else None)
-
-
 def check_dtype(device: str, dtype: str | torch.dtype) -> torch.dtype:
     """The torch dtype named ``dtype`` if ``device`` can run a transformer in it, else one clear error.
 

@@ -22,6 +22,7 @@ import torch
 
 from trajscope.errors import TrajscopeError
 from trajscope.model import batch as bt
+from trajscope.model import evicted
 from trajscope.model import forward as fw
 from trajscope.model.attention import collect_rows, prefill_rows
 from trajscope.model.families import Family, get_path
@@ -272,9 +273,15 @@ class ModelHandle:
 
     def decode_on_cache(self, prompt_len: int, prefill: ForwardResult, n_new: int, key_mask: torch.Tensor | None,
                         *, rows: bool = False) -> tuple[list[int], torch.Tensor | None]:
-        """Greedy decode after a shared prefill with a key mask; see :func:`trajscope.model.forward.decode_on_cache`."""
+        """Greedy decode after a shared prefill with a key mask; see :func:`trajscope.model.evicted.decode_on_cache`."""
         with self.lock:
-            return fw.decode_on_cache(self, prompt_len, prefill, n_new, key_mask, rows=rows)
+            return evicted.decode_on_cache(self, prompt_len, prefill, n_new, key_mask, rows=rows)
+
+    def per_step_logits(self, token_ids: Sequence[int], prompt_len: int, key_mask: torch.Tensor) -> torch.Tensor:
+        """Each decode query alone on the masked prompt over the full run's history; see
+        :func:`trajscope.model.evicted.per_step_logits`."""
+        with self.lock:
+            return evicted.per_step_logits(self, token_ids, prompt_len, key_mask)
 
     def __repr__(self) -> str:
         return (f"ModelHandle({self.model_id!r}, family={self.family.name}, layers={self.n_layers}, "

@@ -39,6 +39,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.metrics import eviction as ev
 from trajscope.metrics.bands import depth_band_expr
 from trajscope.studies import eviction_queries as eq
+from trajscope.studies.eviction_split import split_frame
 from trajscope.trajectory import write_table
 
 TABLES = ("eviction_kept", "eviction_steps", "eviction_rerun")
@@ -52,6 +53,7 @@ class EvictionResult:
     steps: pl.DataFrame
     rerun: pl.DataFrame
     settings: dict
+    split: pl.DataFrame | None = None  # eviction_split (per-step vs accumulated), when asked
 
     def summary(self, level: float = 0.95, n_boot: int = 500) -> pl.DataFrame:
         """Per policy, budget and decode-depth band: mean recall@k, evicted mass, KL to the full run and
@@ -80,6 +82,8 @@ class EvictionResult:
             out.mkdir(parents=True, exist_ok=True)
             for name, df in zip(TABLES, (self.kept, self.steps, self.rerun)):
                 write_table(df, out / f"{name}.parquet", name)
+            if self.split is not None:
+                write_table(self.split, out / "eviction_split.parquet", "eviction_split")
         except OSError as exc:
             raise TrajscopeError(f"Cannot write the eviction study to '{out}': {exc.strerror or exc}.") from None
         return out
@@ -123,7 +127,7 @@ def _rerun(model, traj, sel: ev.Selection, full_logits: torch.Tensor, run_id: st
 def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] = ev.POLICIES,
              budgets: Sequence[float | int] = (0.1, 0.2, 0.5), *, max_new_tokens: int = 32, window: int = 16,
              lookahead: int = 8, k: int = 8, per_head: bool = True, rerun: bool = True, seed: int = 0,
-             progress: Callable[[int, int], None] | None = None) -> EvictionResult:
+             progress: Callable[[int, int], None] | None = None, split: bool = False) -> EvictionResult:
     """Run the eviction study over ``prompts``.
 
     Args:
@@ -137,6 +141,8 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
         k: top-k attended prompt positions for recall.
         per_head: one kept set per head (True) or per layer.
         rerun: also run the masked re-runs (KL and token agreement).
+        split: also split the damage into per-step and accumulated arms (:mod:`trajscope.studies.eviction_split`;
+            the ``split`` table).
         progress: ``(done, total)`` after each prompt.
     Returns:
         An :class:`EvictionResult`.
@@ -153,7 +159,7 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
     for b in budgets:  # one clear error before any model work
         ev.resolve_budget(b, 1)
     items = [p if isinstance(p, dict) else {"prompt": p} for p in prompts]
-    kept, steps, reruns = [], [], []
+    kept, steps, reruns, splits = [], [], [], []
     cfg = CaptureConfig(max_new_tokens=max_new_tokens, stop_at_eos=False, attention_layers="all")
     for i, item in enumerate(items):
         run_id = str(item.get("id", i))
@@ -163,7 +169,7 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
             raise TrajscopeError(f"The window ({window}) is longer than prompt '{run_id}' ({P} tokens); "
                                  f"use --window ≤ {P} or longer prompts.")
         prefill, decode = _rows(traj)
-        full_logits = model.forward(traj.token_ids[:-1]).logits if rerun else None
+        full_logits = model.forward(traj.token_ids[:-1]).logits if (rerun or split) else None
         shared = model.forward(traj.token_ids[:P], return_cache=True) if "lookahead" in policies else None
         for policy in policies:
             q = _query_rows(model, traj, policy, lookahead, window, seed + i)
@@ -178,6 +184,8 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
                 steps.append(ev.step_costs(sel, decode, P, k=k).with_columns(tag))
                 if rerun:
                     reruns.append(_rerun(model, traj, sel, full_logits, run_id))
+                if split:
+                    splits.append(split_frame(model, traj.token_ids, P, sel, run_id, full_logits))
         if progress is not None:
             progress(i + 1, len(items))
     lead = ["run_id", "policy", "budget"]
@@ -188,7 +196,7 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
     empty = pl.DataFrame(schema={"run_id": pl.String, "policy": pl.String, "budget": pl.Float64, "step": pl.Int32,
                                  "kl_to_full": pl.Float64, "token_agrees": pl.Boolean})
     return EvictionResult(pl.concat(kept), st.select(lead + [c for c in st.columns if c not in lead]),
-                          pl.concat(reruns) if reruns else empty, settings)
+                          pl.concat(reruns) if reruns else empty, settings, pl.concat(splits) if splits else None)
 
 
 def first_divergence(rerun: pl.DataFrame) -> pl.DataFrame:
