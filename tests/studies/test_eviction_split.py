@@ -117,3 +117,19 @@ def test_per_step_arm_reads_the_full_runs_history(planted):
     cache = planted.forward(IDS[:P + 1], return_cache=True).cache
     last = planted.forward([IDS[P + 1]], prompt_len=P, key_mask=mask, past=cache).logits[-1]
     torch.testing.assert_close(per[-1], last)
+
+
+def test_first_divergence_is_censored_not_dropped():
+    import polars as pl
+
+    from trajscope.studies.eviction import divergence_survival
+
+    # four runs of 6 steps (0..5): diverge at 1 and 3; two never diverge (censored at 5)
+    rows = []
+    for run, first in enumerate([1, 3, None, None]):
+        rows += [{"run_id": str(run), "policy": "snapkv", "budget": 0.5, "step": s,
+                  "token_agrees": first is None or s < first} for s in range(6)]
+    out = divergence_survival(pl.DataFrame(rows))
+    row = out.row(0, named=True)
+    assert (row["n_runs"], row["n_censored"]) == (4, 2)
+    assert row["km_median"] == 3.0  # S = 3/4, 1/2 at t = 1, 3 (dropping the censored runs would say 1)

@@ -205,3 +205,26 @@ def first_divergence(rerun: pl.DataFrame) -> pl.DataFrame:
             .agg(pl.col("step").filter(~pl.col("token_agrees")).min().alias("first_divergence"),
                  pl.col("step").max().alias("last_step"))
             .sort("policy", "budget", "run_id"))
+
+
+def divergence_survival(rerun: pl.DataFrame, level: float = 0.95) -> pl.DataFrame:
+    """First divergence as a censored time-to-event, per policy and budget.
+
+    A run that never leaves the full run's tokens is censored at its last step, not dropped (dropping it biases
+    the median early). The Kaplan–Meier median with its Brookmeyer–Crowley interval
+    (:func:`trajscope.stats.km_median`); ``inf`` where the median or a bound is never reached.
+
+    Returns:
+        ``policy, budget, km_median, km_lo, km_hi, n_runs, n_censored``.
+    """
+    from trajscope.stats import km_median
+
+    fd = first_divergence(rerun).with_columns(
+        pl.col("first_divergence").is_not_null().alias("event"),
+        pl.coalesce("first_divergence", "last_step").alias("time"))
+    rows = []
+    for (policy, budget), g in fd.partition_by(["policy", "budget"], as_dict=True, maintain_order=True).items():
+        iv = km_median(g["time"].to_numpy(), g["event"].to_numpy(), level)
+        rows.append({"policy": policy, "budget": budget, "km_median": iv.estimate, "km_lo": iv.lo, "km_hi": iv.hi,
+                     "n_runs": g.height, "n_censored": int((~g["event"]).sum())})
+    return pl.DataFrame(rows).sort("policy", "budget")
