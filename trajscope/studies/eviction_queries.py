@@ -43,11 +43,18 @@ def laq_rows(model: Any, prompt_ids: Sequence[int], prefill: Any, prefill_rows: 
     return model.decode_on_cache(P, prefill, m, ev.key_mask(stage1, P + m), rows=True)
 
 
-def pseudo_rows(model: Any, prompt_ids: Sequence[int], m: int) -> torch.Tensor:
-    """``[L, H, m, P]``: rows over the prompt keys of the last ``m`` prompt tokens placed again at ``P … P+m−1``."""
+def pseudo_rows(model: Any, prompt_ids: Sequence[int], m: int, prefill: Any = None) -> torch.Tensor:
+    """``[L, H, m, P]``: rows over the prompt keys of the last ``m`` prompt tokens placed again at ``P … P+m−1``.
+
+    With ``prefill`` (the prompt's forward with ``return_cache=True``) the m tokens run on a copy of its cache
+    instead of re-reading the prompt.
+    """
     ids = list(prompt_ids)
     P = len(ids)
     if not 1 <= m <= P:
         raise TrajscopeError(f"Pseudo queries repeat the last m prompt tokens; m = {m} must be in 1..{P}.")
-    out = model.forward(ids + ids[P - m:], attention_rows=m).attn
+    if prefill is not None:
+        out = model.forward(ids[P - m:], past=prefill.cache, attention_rows=m).attn
+    else:
+        out = model.forward(ids + ids[P - m:], attention_rows=m).attn
     return torch.stack([out[layer][:, :, :P] for layer in sorted(out)])
