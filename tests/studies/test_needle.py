@@ -58,3 +58,19 @@ def test_needle_command(tmp_path, capsys, tiny_dirs):
     assert "95% Wilson" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["eviction", "--task", "haystack"])
+
+
+def test_heldout_perplexity_equals_the_full_model_at_budget_one(tiny_models):
+    import math
+
+    import torch
+
+    model = tiny_models["llama"]
+    ids = model.encode(nd.filler_text()[:2000])[:80]
+    out = nd.heldout_perplexity(model, [ids], 48, policies=["snapkv", "lookahead"], budgets=[0.3, 1.0], window=8,
+                                lookahead=4)
+    full = out.filter(pl.col("policy") == "full")["nll"][0]
+    logits = model.forward(ids[:-1]).logits[47:]  # independent: cross-entropy of the plain forward
+    assert full == pytest.approx(float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[48:]))), rel=1e-6)
+    assert (out.filter(pl.col("budget") == 1.0)["nll"] == full).all()
+    assert (out.filter(pl.col("budget") == 0.3)["nll"] != full).all() and math.isfinite(out["nll"].max())

@@ -17,6 +17,10 @@ at budget 1.0 every policy keeps every key, so its answers equal the full model'
 not offered here: H2O needs every prefill query's row (``P²`` per head, 4.5 GB at 2k on SmolLM2) and the oracle
 a full decode per prompt.
 
+:func:`heldout_perplexity` is the other measure the field reports: held-out text whose first P tokens are the
+compressed prompt and whose rest is teacher-forced under the key mask (mean NLL per token; budget 1.0 equals the
+full model's exactly).
+
 Accuracy per policy and budget comes with a Wilson interval (:func:`trajscope.stats.binomial_interval`) over
 prompts, the unit of independence.
 """
@@ -144,3 +148,41 @@ def accuracy_table(answers: pl.DataFrame, level: float = 0.95, by: Sequence[str]
         out.append({**dict(zip(by, key)), "accuracy": iv.estimate, "lo": iv.lo, "hi": iv.hi, "n": n,
                     "mean_kept_tokens": float(g["budget_tokens"].mean())})
     return pl.DataFrame(out).sort(list(by))
+
+
+def heldout_perplexity(model: Any, texts: Sequence[Sequence[int]], prompt_len: int, policies: Sequence[str] = POLICIES,
+                       budgets: Sequence[float | int] = (0.1, 0.2, 0.5, 1.0), *, window: int = 32,
+                       lookahead: int = 8) -> pl.DataFrame:
+    """Perplexity of held-out text under eviction: the first ``prompt_len`` tokens are the prompt a policy
+    compresses, the rest is teacher-forced with the evicted prompt keys hidden from every later query.
+
+    Returns:
+        One row per text × (policy, budget), plus ``policy="full"``: ``run_id, policy, budget, nll`` (mean
+        negative log-likelihood per continuation token, nats) and ``n_tokens``; perplexity is ``exp(nll)``.
+    """
+    P = int(prompt_len)
+    rows = []
+    for i, ids in enumerate(texts):
+        ids = list(ids)
+        if len(ids) <= P + 1:
+            raise TrajscopeError(f"Held-out text {i} has {len(ids)} tokens; it needs more than the {P}-token prompt.")
+        target = torch.tensor(ids[P:])
+
+        def nll(key_mask: torch.Tensor | None) -> float:
+            logits = model.forward(ids[:-1], prompt_len=P, key_mask=key_mask).logits[P - 1:]
+            return float(torch.nn.functional.cross_entropy(logits, target))
+
+        rows.append({"run_id": str(i), "policy": "full", "budget": 1.0, "nll": nll(None), "n_tokens": len(target)})
+        pre = model.forward(ids[:P], return_cache=True, attention_rows=window)
+        prefill = torch.stack([pre.attn[layer] for layer in sorted(pre.attn)])
+        pseudo = eq.pseudo_rows(model, ids[:P], lookahead, prefill=pre) if "pseudo" in policies else None
+        for policy in policies:
+            for budget in budgets:
+                q = pseudo
+                if policy == "lookahead":
+                    q = eq.laq_rows(model, ids[:P], pre, prefill, budget, window=window, m=lookahead)[1]
+                sel = ev.select(policy, prefill, budget, window=window, query_rows=q)
+                mask = None if bool(sel.mask.all()) else ev.key_mask(sel, len(ids))
+                rows.append({"run_id": str(i), "policy": policy, "budget": float(budget), "nll": nll(mask),
+                             "n_tokens": len(target)})
+    return pl.DataFrame(rows)
