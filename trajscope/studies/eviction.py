@@ -38,8 +38,6 @@ from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
 from trajscope.metrics import eviction as ev
 from trajscope.metrics.bands import depth_band_expr
-from trajscope.studies import eviction_queries as eq
-from trajscope.studies.eviction_split import split_frame
 from trajscope.trajectory import write_table
 
 TABLES = ("eviction_kept", "eviction_steps", "eviction_rerun")
@@ -99,6 +97,8 @@ def _rows(traj) -> tuple[torch.Tensor, torch.Tensor]:
 def _query_rows(model, traj, policy: str, m: int, window: int, seed: int) -> torch.Tensor | None:
     """``[L, H, m', P]`` rows that ``pseudo`` / ``oracle`` score with (None for the others; ``lookahead``'s
     draft depends on the budget: :func:`~trajscope.studies.eviction_queries.laq_rows`)."""
+    from trajscope.studies import eviction_queries as eq
+
     P = traj.prompt_len
     if policy == "oracle":
         _, dec = _rows(traj)
@@ -150,6 +150,9 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
         TrajscopeError: an unknown policy, a bad budget, a window longer than a prompt, or a model whose
         attention cannot be read.
     """
+    from trajscope.studies import eviction_queries as eq
+    from trajscope.studies.eviction_split import split_frame
+
     unknown = [p for p in policies if p not in ev.POLICIES]
     if unknown:
         raise TrajscopeError(f"Unknown eviction policy '{unknown[0]}': choose among {', '.join(ev.POLICIES)}.")
