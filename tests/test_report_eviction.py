@@ -21,7 +21,7 @@ def two_runs(tiny_models, tiny_dirs, tmp_path_factory):
     a = ts.capture(llama, "def f(x):\n    return x", max_new_tokens=6, stop_at_eos=False, run_id="a").save(root / "a")
     b = ts.capture(llama, "import os\nimport sys", max_new_tokens=6, stop_at_eos=False, run_id="b").save(root / "b")
     assert main(["eviction", "--runs", str(a), "--model", str(tiny_dirs["llama"]), "--device", "cpu",
-                 "--policies", "snapkv,streamingllm", "--budgets", "0.5", "--window", "2", "--quiet"]) == 0
+                 "--policies", "snapkv,streamingllm", "--budgets", "0.7", "--window", "2", "--quiet"]) == 0
     return a, b
 
 
@@ -46,7 +46,7 @@ def test_report_has_the_eviction_section_with_the_tables_numbers(two_runs, tmp_p
     for policy in ("snapkv", "streamingllm"):
         s = steps.filter((pl.col("policy") == policy) & pl.col("step").is_between(1, 4))
         r = rerun.filter((pl.col("policy") == policy) & pl.col("step").is_between(1, 4))
-        row = (f"<td>a</td><td>{policy}</td><td>0.5000</td><td>1-4</td><td>{s['recall_at_k'].mean():.4f}</td>"
+        row = (f"<td>a</td><td>{policy}</td><td>0.7000</td><td>1-4</td><td>{s['recall_at_k'].mean():.4f}</td>"
                f"<td>{s['evicted_mass'].mean():.4f}</td><td>{r['kl_to_full'].mean():.4f}</td>"
                f"<td>{r['token_agrees'].cast(pl.Float64).mean():.4f}</td><td>4</td>")
         assert row in section, row

@@ -244,3 +244,23 @@ def test_split_ids_disjoint_complete_deterministic():
 def test_bad_input_raises_one_helpful_sentence(call, words):
     with pytest.raises(TrajscopeError, match=words):
         call()
+
+
+def test_kaplan_meier_by_hand():
+    """times 1,2,2+,3,4+,5 (+ = censored): S = 5/6, 2/3, 4/9, 0 at t = 1, 2, 3, 5; Greenwood Σ d/(n(n−d)) =
+    1/30, +1/20, +1/6. Median 3 (first S ≤ .5). log(−log) bands: at t = 1 the lower band is
+    (5/6)^exp(1.96·√(1/30)/log(6/5)) = .27 ≤ .5 → the interval starts at 1; the upper band stays above .5 until
+    S = 0 at t = 5 (at t = 3: (4/9)^exp(−1.96·.5/log(9/4)) = .785)."""
+    from trajscope.survival import kaplan_meier, km_median
+
+    times, events = [1, 2, 2, 3, 4, 5], [True, True, False, True, False, True]
+    km = kaplan_meier(times, events)
+    assert km["time"].to_list() == [1, 2, 3, 5] and km["at_risk"].to_list() == [6, 5, 3, 1]
+    assert km["survival"].to_list() == pytest.approx([5 / 6, 2 / 3, 4 / 9, 0.0])
+    assert km["var_log"].to_list()[:3] == pytest.approx([1 / 30, 1 / 30 + 1 / 20, 1 / 30 + 1 / 20 + 1 / 6])
+    iv = km_median(times, events)
+    assert (iv.estimate, iv.lo, iv.hi, iv.n_clusters) == (3.0, 1.0, 5.0, 6)
+    # dropping the censored units (what a "median of observed divergences" does) moves the median earlier
+    assert km_median([1, 2, 3, 5], [True] * 4).estimate == 2.0
+    # a median that is never reached is infinite, not the last time seen
+    assert km_median([3, 4, 5, 6], [True, False, False, False]).estimate == float("inf")

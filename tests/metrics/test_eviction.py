@@ -33,8 +33,9 @@ def kept(sel):
 def test_streamingllm_keeps_sinks_and_recent():
     # B = 5: sinks 0..3 and the 1 most recent (5)
     assert kept(ev.select("streamingllm", A, 5, window=1)) == [0, 1, 2, 3, 5]
-    # B = 0.5 of 6 = 3 ≤ 4 sinks: the first 3
-    assert kept(ev.select("streamingllm", A, 0.5, window=1)) == [0, 1, 2]
+    # B = 0.5 of 6 = 3 ≤ 4 sinks: the reference code refuses a budget that is all sinks
+    with pytest.raises(TrajscopeError, match="not larger than the 4 attention sinks"):
+        ev.select("streamingllm", A, 0.5, window=1)
 
 
 def test_h2o_accumulated_attention_plus_recent():
@@ -57,7 +58,7 @@ def test_snapkv_window_scores_with_pooling():
     C = causal([[1, 0, 0, 0, 0, 0, 0, 0]] * 7 + [[.4, 0, 0, .2, .2, .2, 0, 0]])
     # s = [.4, 0, 0, .2, .2, .2, 0]; pooled /5: j0 .08, j1 .12, j2 .16, j3 .12, j4 .12, j5 .08, j6 .08
     assert kept(ev.select("snapkv", C, 2, window=1)) == [2, 7]
-    raw = ev._select_scored(C[0, :, 7:].sum(1), 8, 2, 1, per_head=True, pool=False)
+    raw = ev._select_scored(C[0, :, 7:].sum(1), 8, 2, 1, per_head=True, pool=None)
     assert torch.nonzero(raw[0]).reshape(-1).tolist() == [0, 7]
 
 
@@ -66,7 +67,7 @@ def test_pyramid_budget_schedule_by_hand():
     assert ev.pyramid_budgets(10, 4, beta=5) == [18, 13, 7, 2]
     assert sum(ev.pyramid_budgets(7, 6)) == 42 and ev.pyramid_budgets(3, 1) == [3]
     # B = 3, w = 1: c = 2 outside the window, β = 2 → c/β = 1, 2c − c/β = 3 → budgets 1 + 3 = 4 and 1 + 1 = 2
-    sel = ev.select("pyramidkv", A.expand(2, 1, 6, 6), 3, window=1, beta=2)
+    sel = ev.select("pyramidkv", A.expand(2, 1, 6, 6), 3, window=1, beta=2, schedule="paper")
     assert sel.mask[0, 0].sum() == 4 and sel.mask[1, 0].sum() == 2 and sel.budget_tokens == 3
 
 
@@ -90,14 +91,15 @@ def test_query_scored_policies_and_costs():
     full = ev.select("snapkv", A, 1.0, window=2)
     costs = ev.step_costs(full, decode, 6, k=2)
     assert costs["recall_at_k"].to_list() == [1.0, 1.0] and costs["evicted_mass"].to_list() == [0.0, 0.0]
-    few = ev.step_costs(ev.select("streamingllm", A, 1, window=1), decode, 6, k=1)  # keeps only key 0
-    assert few["recall_at_k"].to_list() == [0.0, 0.0]
-    assert few["evicted_mass"].to_list() == pytest.approx([0.6, 0.9])
+    # SnapKV, w = 1, B = 2: row 5 pooled /5 → j1 = j2 = .18 (tie: key 1) → keeps {1, 5}
+    few = ev.step_costs(ev.select("snapkv", A, 2, window=1), decode, 6, k=1)
+    assert few["recall_at_k"].to_list() == [1.0, 0.0]
+    assert few["evicted_mass"].to_list() == pytest.approx([0.0, 0.9])
     assert few["step"].to_list() == [1, 2]
-    summ = ev.depth_summary(few.with_columns(pl.lit("streamingllm").alias("policy")))
+    summ = ev.depth_summary(few.with_columns(pl.lit("snapkv").alias("policy")))
     assert summ["n"].sum() == 2
-    km = ev.key_mask(ev.select("streamingllm", A, 1, window=1), 8)
-    assert km.shape == (1, 1, 8) and km[0, 0].tolist() == [True] + [False] * 5 + [True, True]
+    km = ev.key_mask(ev.select("snapkv", A, 2, window=1), 8)
+    assert km.shape == (1, 1, 8) and km[0, 0].tolist() == [False, True, False, False, False, True, True, True]
 
 
 @pytest.mark.parametrize("budget, fragment", [(0, "not a count"), (-0.5, "not a fraction"), (1.5, "not a fraction"),
@@ -114,3 +116,9 @@ def test_clear_errors():
         ev.select("lru", A, 3)
     with pytest.raises(TrajscopeError, match="query_rows"):
         ev.select("oracle", A, 3, window=1)
+    with pytest.raises(TrajscopeError, match="not larger than the window"):
+        ev.select("snapkv", A, 2, window=2)
+    with pytest.raises(TrajscopeError, match="schedule 'linear'"):
+        ev.select("pyramidkv", A, 3, window=1, schedule="linear")
+    with pytest.raises(TrajscopeError, match="reads the last 6 prefill query rows"):
+        ev.select("h2o", A[:, :, 4:], 3, window=1)

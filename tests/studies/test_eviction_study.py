@@ -24,7 +24,7 @@ def test_full_budget_reproduces_the_full_run(tiny_models):
 
 
 def test_tables_and_small_budgets_cost_something(tiny_models, tmp_path):
-    res = eviction(tiny_models["qwen2"], PROMPTS, policies=["snapkv", "streamingllm", "oracle"], budgets=[0.2, 5],
+    res = eviction(tiny_models["qwen2"], PROMPTS, policies=["snapkv", "streamingllm", "oracle"], budgets=[0.5, 6],
                    max_new_tokens=8, window=4, lookahead=4)
     assert set(res.steps.columns) == {"run_id", "policy", "budget", "step", "layer", "head", "recall_at_k",
                                       "evicted_mass"}
@@ -96,9 +96,9 @@ def test_eviction_command(tmp_path, capsys):
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p, "id": f"p{i}"}) for i, p in enumerate(PROMPTS)))
-    assert main(["eviction", "--prompts", str(prompts), "--policies", "snapkv,h2o", "--budgets", "0.25,6",
+    assert main(["eviction", "--prompts", str(prompts), "--policies", "snapkv,h2o", "--budgets", "0.5,6",
                  "--max-new-tokens", "4", "--window", "4", "--out", str(tmp_path / "ev"), "--quiet"]) == 0
     steps = read_table(tmp_path / "ev" / "eviction_steps.parquet")
-    assert set(steps["policy"]) == {"snapkv", "h2o"} and set(steps["budget"]) == {0.25, 6.0}
+    assert set(steps["policy"]) == {"snapkv", "h2o"} and set(steps["budget"]) == {0.5, 6.0}
     assert "recall_at_k" in capsys.readouterr().out
     assert main(["eviction", "--prompts", str(prompts), "--budgets", "0", "--out", str(tmp_path / "x")]) == 2

@@ -37,7 +37,8 @@ def _budgets(text: str) -> list[float | int]:
 def _study(args, model, items, max_new_tokens, bar):
     from trajscope.studies.eviction import eviction
 
-    return eviction(model, items, policies=[p.strip() for p in args.policies.split(",") if p.strip()],
+    policies = args.policies or "snapkv,h2o,streamingllm,pyramidkv,lookahead,pseudo,oracle"
+    return eviction(model, items, policies=[p.strip() for p in policies.split(",") if p.strip()],
                     budgets=_budgets(args.budgets), max_new_tokens=max_new_tokens, window=args.window,
                     lookahead=args.lookahead, k=args.k, per_head=not args.shared, rerun=not args.no_rerun,
                     progress=lambda d, t: bar.update(d - bar.n))
@@ -72,6 +73,12 @@ def cmd_eviction(args: argparse.Namespace) -> int:
 
     from trajscope.prompts import read_prompts
 
+    if args.task == "needle":
+        from trajscope.cli.needle import cmd_needle
+
+        if args.prompts or args.runs:
+            raise TrajscopeError("--task needle builds its own prompts: leave out --prompts and --runs.")
+        return cmd_needle(args, _budgets(args.budgets))
     if args.runs:
         if args.prompts or args.out:
             raise TrajscopeError("--runs writes into each run directory: leave out --prompts and --out.")
@@ -121,8 +128,9 @@ def register(sub) -> None:
                    help="instead of --prompts: each run directory's prompt; tables written into RUN_DIR/eviction/ "
                         "(the report's eviction section)")
     e.add_argument("--max-prompts", type=int, default=None, help="first N prompts only")
-    e.add_argument("--policies", default="snapkv,h2o,streamingllm,pyramidkv,lookahead,pseudo,oracle",
-                   help="comma-separated policies")
+    e.add_argument("--policies", default=None,
+                   help="comma-separated policies (default: snapkv,h2o,streamingllm,pyramidkv,lookahead,pseudo,oracle; "
+                        "with --task needle: snapkv,pyramidkv,streamingllm,lookahead,pseudo)")
     e.add_argument("--budgets", default="0.1,0.2,0.5", help="kept prompt positions per head: fractions of P or counts")
     e.add_argument("--max-new-tokens", type=int, default=None,
                    help="decode steps of each full run (default 32; with --runs, as many as the run generated)")
@@ -131,6 +139,9 @@ def register(sub) -> None:
     e.add_argument("--k", type=int, default=8, help="top-k attended prompt positions for recall")
     e.add_argument("--shared", action="store_true", help="one kept set per layer instead of per head")
     e.add_argument("--no-rerun", action="store_true", help="skip the masked re-runs (KL, token agreement)")
-    opt.add_out(e, "folder for the eviction tables (with --prompts)", required=False)
+    opt.add_out(e, "folder for the eviction tables (with --prompts or --task needle)", required=False)
+    from trajscope.cli.needle import add_arguments
+
+    add_arguments(e)
     opt.add_quiet(e)
     e.set_defaults(func=cmd_eviction)

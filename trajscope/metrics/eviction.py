@@ -8,30 +8,37 @@ and returns a boolean **kept mask** ``[L, H, P]`` (layer, head, prompt position)
 Budget accounting (all policies): ``B`` is the number of prompt positions kept
 per head, **including** the observation window, sinks or recent tokens the policy
 always keeps. A budget is a fraction of P in (0, 1] (rounded up, at least 1) or a
-count ≥ 1 (capped at P) — :func:`resolve_budget`. When ``B`` is not larger than
-the always-kept part, the always-kept part is cut to its newest ``B`` positions.
+count ≥ 1 (capped at P) — :func:`resolve_budget`. ``B = P`` keeps everything (the
+reference code returns the cache untouched). A budget below P that is not larger
+than what the policy always keeps (the window; StreamingLLM's 4 sinks) raises one
+sentence: the reference code refuses it (``assert max_capacity_prompt − window_size
+> 0``), and every window-scored policy would keep the same newest tokens.
 
-Policies (``w`` = observation window, default 32; ``m`` = lookahead steps, default 8):
+Policies (``w`` = observation window, default 32; ``m`` = lookahead steps, default 8). Reference code:
+KVCache-Factory (Zefan-Cai/KVCache-Factory) ``pyramidkv/pyramidkv_utils.py`` and Lookahead_Q-Cache
+(noforit/Lookahead_Q-Cache); the tests re-implement each cluster's ``update_kv`` on fixed attention.
 
-- ``snapkv`` — SnapKV (Li et al., 2024, "SnapKV: LLM Knows What You are Looking for
-  Before Generation"): ``s_j = Σ_{i ∈ last w prompt queries} a_{i,j}`` for ``j < P − w``,
-  average-pooled along j (kernel 5, stride 1, zero padding 2 counted in the average, as
-  ``F.avg_pool1d``'s default and SnapKV's reference code do), keep the top ``B − w`` plus the
-  window. Per head by default.
-- ``h2o`` — H2O (Zhang et al., 2023, "H2O: Heavy-Hitter Oracle"): accumulated attention
-  over every prompt query, ``s_j = Σ_{i<P} a_{i,j}``, top ``B − w`` heavy hitters plus the
-  ``w`` most recent positions.
-- ``streamingllm`` — StreamingLLM (Xiao et al., 2024, "Efficient Streaming Language Models
-  with Attention Sinks"): the first 4 sink positions plus the ``B − 4`` most recent.
-- ``pyramidkv`` — PyramidKV (Cai et al., 2024): per-layer budgets that fall linearly with
-  depth (:func:`pyramid_budgets`, as its reference code: the part outside the window,
-  ``c = B − w``, runs from ``2c − c/β`` at layer 0 to ``c/β`` at the last, mean ``c``, so the total
-  is ``L · B``; a layer's budget is capped at P and the excess goes to the shallowest layers
-  below P, so ``B = P`` keeps everything), each layer then selected as SnapKV.
-- ``lookahead`` — LAQ-style (Lookahead Q-Cache, 2025): SnapKV's rule with the scores
-  taken from the queries of the first ``m`` tokens of a draft generation.
-- ``pseudo`` — DapQ-style position-aware pseudo queries: the window's tokens placed at the
-  positions decode will occupy (``P … P+m−1``), their attention rows as the scores.
+- ``snapkv`` — SnapKV (Li et al., 2024), ``SnapKVCluster.update_kv``: ``s_j = Σ_{i ∈ last w prompt queries}
+  a_{i,j}`` for ``j < P − w``, pooled along j (average, kernel 5, stride 1, zero padding 2 counted in the average,
+  as ``F.avg_pool1d``'s default; ``pooling=("max", 7)`` for LAQ's stage 1), keep the top ``B − w`` plus the window.
+  Per head by default.
+- ``h2o`` — H2O (Zhang et al., 2023), ``H2OKVCluster.update_kv``: accumulated attention over every prompt query,
+  ``s_j = Σ_{i<P} a_{i,j}``, no pooling, top ``B − w`` heavy hitters plus the ``w`` most recent positions. Decided
+  once after prefill; the paper's rolling eviction during decode is not modelled.
+- ``streamingllm`` — StreamingLLM (Xiao et al., 2024; mit-han-lab/streaming-llm ``start_size=4``): the first 4
+  sink positions plus the ``B − 4`` most recent. Deliberate difference: KVCache-Factory's
+  ``StreamingLLMKVCluster`` keeps the first ``B − w`` positions plus the window instead; trajscope follows the
+  paper and its own code. Decided once after prefill (no rolling eviction during decode).
+- ``pyramidkv`` — PyramidKV (Cai et al., 2024), ``PyramidKVCluster.update_kv``: per-layer budgets that fall with
+  depth, each layer then selected as SnapKV. ``schedule="code"`` (default) is the reference code's integer
+  schedule (:func:`pyramid_code_capacities`: floored steps that overspend, uniform above ``B > P/2 + w``);
+  ``schedule="paper"`` the paper's line from ``2c − c/β`` to ``c/β`` for ``c = B − w``, summing to ``L · B``
+  (:func:`pyramid_budgets`).
+- ``lookahead`` — LAQ (Lookahead Q-Cache, 2025): the last ``w`` prompt queries plus the queries of a greedy
+  ``m``-token draft made on the SnapKV-compressed cache, renormalised over prompt keys, max-pooled with kernel 7
+  (:mod:`trajscope.metrics.eviction_laq`, which lists each deliberate difference).
+- ``pseudo`` — DapQ-style position-aware pseudo queries: the last ``m`` prompt tokens placed again at the
+  positions decode will occupy (``P … P+m−1``), their attention rows over the prompt keys as the scores.
 - ``oracle`` — the real decode queries of steps 1..m: the upper bound of any scorer.
 
 ``per_head=False`` sums the scores over a layer's heads and keeps one set for all of
@@ -75,8 +82,9 @@ def resolve_budget(budget: float | int, P: int) -> int:
 
 
 def pyramid_budgets(budget: int, n_layers: int, beta: float = 20.0) -> list[int]:
-    """PyramidKV's per-layer budgets: linear in depth from ``2B − B/β`` (layer 0) to ``B/β`` (last layer),
-    mean ``B``, rounded so they sum to exactly ``n_layers · B`` (each at least 1).
+    """PyramidKV's per-layer budgets **as its paper writes them** (``schedule="paper"``): linear in depth from
+    ``2B − B/β`` (layer 0) to ``B/β`` (last layer), mean ``B``, rounded so they sum to exactly ``n_layers · B``
+    (each at least 1).
 
     Example: ``pyramid_budgets(10, 4, beta=5)`` → ``[18, 13, 7, 2]`` (from 18 to 2 in steps of 16/3).
     """
@@ -93,6 +101,37 @@ def pyramid_budgets(budget: int, n_layers: int, beta: float = 20.0) -> list[int]
     return out
 
 
+def pyramid_code_capacities(budget: int, window: int, prompt_len: int, n_layers: int, beta: int = 20) -> list[int]:
+    """PyramidKV's per-layer capacities outside the window **as its reference code computes them**
+    (``schedule="code"``, the default): KVCache-Factory ``pyramidkv/pyramidkv_utils.py``,
+    ``PyramidKVCluster.update_kv``, line for line in integer arithmetic::
+
+        min_num = (B − w) // β;  max_num = 2(B − w) − min_num
+        if max_num ≥ P − w: max_num = P − w;  min_num = 2(B − w) − max_num
+        steps = (max_num − min_num) // (L − 1);  capacity_l = max_num − l · steps
+        P < B: keep everything;  P < 2(B − w): every layer B − w (uniform);  else capacity_l
+
+    What this gives, unlike the paper: ``steps`` is floored, so deeper layers keep more than the paper's line
+    and the total overspends (e.g. 22.4% of the prompt kept at budget 0.2 on the shipped prompts); and above
+    ``B > P/2 + w`` every layer gets the same ``B − w`` (SnapKV). ``L = 1`` (the code divides by zero) is
+    uniform here. Each layer then keeps ``capacity_l`` top-scored positions plus the window.
+
+    Example: ``pyramid_code_capacities(40, 8, 200, 4, beta=20)`` → min 1, max 63, steps 20 → ``[63, 43, 23, 3]``.
+    """
+    B, w, P, L = int(budget), int(window), int(prompt_len), int(n_layers)
+    if P < B:
+        return [P - w] * L
+    if P < 2 * (B - w) or L == 1:
+        return [B - w] * L
+    min_num = (B - w) // int(beta)
+    max_num = (B - w) * 2 - min_num
+    if max_num >= P - w:
+        max_num = P - w
+        min_num = (B - w) * 2 - max_num
+    steps = (max_num - min_num) // (L - 1)
+    return [max_num - layer * steps for layer in range(L)]
+
+
 def _capped(budgets: list[int], P: int) -> list[int]:
     """Per-layer budgets capped at P, the excess handed to the shallowest layers still below P (same total)."""
     out = [min(b, P) for b in budgets]
@@ -104,14 +143,18 @@ def _capped(budgets: list[int], P: int) -> list[int]:
     return out
 
 
-def _pool(scores: torch.Tensor, kernel: int = POOL) -> torch.Tensor:
-    """Average pool along the last axis (stride 1, same length; zero padding counted, as SnapKV's code)."""
+def _pool(scores: torch.Tensor, kernel: int = POOL, kind: str = "avg") -> torch.Tensor:
+    """Pool along the last axis (stride 1, padding ``kernel // 2``, same length), as the reference code's
+    ``F.avg_pool1d`` (zero padding counted in the average) or ``F.max_pool1d`` (padding never wins)."""
     if scores.shape[-1] == 0 or kernel <= 1:
         return scores
     pad = kernel // 2
     shape = scores.shape
     x = scores.reshape(-1, 1, shape[-1]).float()
-    s = torch.nn.functional.avg_pool1d(x, kernel, stride=1, padding=pad, count_include_pad=True)
+    if kind == "max":
+        s = torch.nn.functional.max_pool1d(x, kernel, stride=1, padding=pad)
+    else:
+        s = torch.nn.functional.avg_pool1d(x, kernel, stride=1, padding=pad, count_include_pad=True)
     return s.reshape(shape)
 
 
@@ -136,12 +179,14 @@ def _window(P: int, w: int) -> torch.Tensor:
     return torch.arange(max(0, P - w), P)
 
 
-def _select_scored(scores: torch.Tensor, P: int, budget: int, w: int, per_head: bool, pool: bool) -> torch.Tensor:
-    """``[H, P]`` from per-head scores ``[H, P]``: pool (optional), share across heads (optional), keep."""
+def _select_scored(scores: torch.Tensor, P: int, budget: int, w: int, per_head: bool,
+                   pool: tuple[str, int] | None) -> torch.Tensor:
+    """``[H, P]`` from per-head scores ``[H, P]``: pool (``(kind, kernel)`` or None), share across heads
+    (optional), keep the window plus the top ``budget − w``."""
     s = scores.clone().float()
-    s[:, max(0, P - w):] = 0.0  # the window is kept anyway; it must not steal pooled mass from its neighbours
+    s[:, max(0, P - w):] = 0.0  # the window is kept anyway; the code pools only keys before it (zeros ≡ its padding)
     if pool:
-        s = _pool(s)
+        s = _pool(s, pool[1], pool[0])
     if not per_head:
         s = s.sum(0, keepdim=True).expand_as(scores)
     return _keep(s, P, budget, _window(P, w))
@@ -180,62 +225,90 @@ class Selection:
 
 
 def select(policy: str, prefill: torch.Tensor, budget: float | int, *, window: int = 32,
-           query_rows: torch.Tensor | None = None, per_head: bool = True, beta: float = 20.0) -> Selection:
+           query_rows: torch.Tensor | None = None, per_head: bool = True, beta: float = 20.0,
+           schedule: str = "code", pooling: tuple[str, int] = ("avg", POOL), laq_mask: str = "reference") -> Selection:
     """Kept prompt positions of ``policy``.
 
     Args:
         policy: one of :data:`POLICIES`.
-        prefill: ``[L, H, P, P]`` prefill attention (query × key) — SnapKV reads its last ``window``
-            rows, H2O all of them.
+        prefill: ``[L, H, n, P]`` prefill attention rows of the last ``n`` prompt queries (``n = P``: all) —
+            SnapKV, PyramidKV and LAQ read the last ``window`` rows, H2O all P of them.
         budget: a fraction of P in (0, 1] or a count.
         window: w, the observation window (SnapKV, PyramidKV, lookahead, pseudo, oracle) or the
             recent window (H2O).
-        query_rows: ``[L, H, m, ≥P]`` attention rows of the queries that ``lookahead`` (draft
-            tokens), ``pseudo`` (pseudo queries) or ``oracle`` (real decode steps 1..m) score with.
+        query_rows: ``[L, H, m, ≥P]`` attention rows of the queries that ``lookahead`` (the LAQ draft's,
+            over every prompt key: :mod:`trajscope.metrics.eviction_laq`), ``pseudo`` (pseudo queries) or
+            ``oracle`` (real decode steps 1..m) score with.
         per_head: one set per head (True) or shared by a layer's heads (False).
-        beta: PyramidKV's steepness (first layer ``2B − B/β``, last ``B/β``).
+        beta: PyramidKV's steepness.
+        schedule: PyramidKV's per-layer budgets: ``"code"`` (its reference code's integer schedule,
+            :func:`pyramid_code_capacities`) or ``"paper"`` (the paper's formula, :func:`pyramid_budgets`).
+        pooling: ``(kind, kernel)`` of the window-scored policies other than ``lookahead`` (``"avg"`` or
+            ``"max"``); SnapKV's reference default is ``("avg", 5)``, LAQ's stage 1 ``("max", 7)``.
+        laq_mask: ``lookahead``'s block mask, ``"reference"`` or ``"positions"``
+            (:func:`~trajscope.metrics.eviction_laq.laq_scores`).
     Returns:
         A :class:`Selection` with ``mask [L, H, P]``.
     Raises:
-        TrajscopeError: unknown policy, bad budget, window longer than the prompt, missing query rows.
+        TrajscopeError: unknown policy or schedule, bad budget, window longer than the prompt, a budget below
+        P that is not larger than the window (the reference code refuses it), missing query rows.
     """
+    from trajscope.metrics.eviction_laq import KERNEL, laq_scores
+
     if policy not in POLICIES:
         raise TrajscopeError(f"Unknown eviction policy '{policy}': choose among {', '.join(POLICIES)}.")
-    if prefill.dim() != 4 or prefill.shape[-1] != prefill.shape[-2]:
-        raise TrajscopeError(f"Prefill attention must be [layers, heads, P, P]; got shape {tuple(prefill.shape)}.")
-    L, H, P, _ = prefill.shape
+    if schedule not in ("code", "paper"):
+        raise TrajscopeError(f"Unknown PyramidKV schedule '{schedule}': choose 'code' or 'paper'.")
+    if prefill.dim() != 4 or prefill.shape[-2] > prefill.shape[-1]:
+        raise TrajscopeError(f"Prefill attention must be [layers, heads, n, P] (the last n ≤ P prompt queries); "
+                             f"got shape {tuple(prefill.shape)}.")
+    L, H, n, P = prefill.shape
     if not 1 <= window <= P:
         raise TrajscopeError(f"The window ({window}) is longer than the prompt ({P} tokens); use a window ≤ {P}.")
+    if n < (P if policy == "h2o" else window):
+        raise TrajscopeError(f"'{policy}' reads the last {P if policy == 'h2o' else window} prefill query rows; "
+                             f"only {n} were given.")
     B = resolve_budget(budget, P)
+    if B >= P:  # the reference code returns the cache untouched (q_len < max_capacity_prompt)
+        return Selection(policy, float(budget), float(P), per_head, window, torch.ones(L, H, P, dtype=torch.bool))
+    always = SINKS if policy == "streamingllm" else window
+    if B <= always:
+        what = "4 attention sinks" if policy == "streamingllm" else f"window ({window})"
+        raise TrajscopeError(f"A budget of {B} tokens is not larger than the {what}, so '{policy}' would keep only "
+                             f"what it always keeps (the reference code refuses it); raise the budget or shrink "
+                             f"the window.")
     a = prefill.float()
     masks, mean_budget = [], float(B)
     if policy == "streamingllm":
         keep = torch.zeros(H, P, dtype=torch.bool)
-        sinks = min(SINKS, B)
-        keep[:, :sinks] = True
-        if B > sinks:
-            keep[:, P - (B - sinks):] = True
+        keep[:, :SINKS] = True
+        keep[:, P - (B - SINKS):] = True
         masks = [keep] * L
     elif policy == "h2o":
         for layer in range(L):
-            masks.append(_select_scored(a[layer].sum(1), P, B, window, per_head, pool=False))
+            masks.append(_select_scored(a[layer].sum(1), P, B, window, per_head, pool=None))
     elif policy in ("snapkv", "pyramidkv"):
-        if policy == "pyramidkv":
-            w_in = min(window, B)
-            budgets = _capped([w_in + c for c in pyramid_budgets(B - w_in, L, beta)], P) if B > w_in else [B] * L
-        else:
+        if policy == "snapkv":
             budgets = [B] * L
+        elif schedule == "code":
+            budgets = [window + c for c in pyramid_code_capacities(B, window, P, L, int(beta))]
+        else:
+            budgets = _capped([window + c for c in pyramid_budgets(B - window, L, beta)], P)
         mean_budget = sum(budgets) / L
         for layer in range(L):
-            masks.append(_select_scored(a[layer, :, P - window:].sum(1), P, min(P, budgets[layer]), window,
-                                        per_head, pool=True))
+            masks.append(_select_scored(a[layer, :, n - window:].sum(1), P, budgets[layer], window, per_head,
+                                        pool=pooling))
     else:
         if query_rows is None:
             raise TrajscopeError(f"The '{policy}' policy scores with query rows (draft, pseudo or decode queries); "
                                  "pass query_rows=[layers, heads, m, keys].")
-        q = query_rows[..., :P].float()
         for layer in range(L):
-            masks.append(_select_scored(q[layer].sum(1), P, B, window, per_head, pool=True))
+            if policy == "lookahead":
+                s = laq_scores(a[layer, :, n - window:], query_rows[layer], laq_mask)
+                masks.append(_select_scored(s, P, B, window, per_head, pool=("max", KERNEL)))
+            else:
+                masks.append(_select_scored(query_rows[layer, ..., :P].float().sum(1), P, B, window, per_head,
+                                            pool=pooling))
     return Selection(policy, float(budget), mean_budget, per_head, window, torch.stack(masks))
 
 

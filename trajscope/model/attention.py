@@ -73,6 +73,18 @@ def prefill_rows(hf_config: Any, n: int | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def unmasked_rows(hf_config: Any) -> Iterator[None]:
+    """Within the body, the rows returned beside a masked call see every causal key (the output still uses the
+    mask): the LAQ draft's queries, computed on a compressed cache, scored against the full prompt."""
+    old = getattr(hf_config, "_trajscope_rows_unmasked", False)
+    hf_config._trajscope_rows_unmasked = True
+    try:
+        yield
+    finally:
+        hf_config._trajscope_rows_unmasked = old
+
+
+@contextlib.contextmanager
 def collect_rows(hf_config: Any, sink: "RowSink | None" = None) -> Iterator["RowSink"]:
     """Within the body, every ``"trajscope_rows"`` call leaves its rows (or, at a decode step that can
     wait, its query) in the yielded :class:`RowSink` (``sink``, or a new one), in call order; restored on
@@ -246,6 +258,9 @@ def rows_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
         n = q_len if want is None else max(1, min(q_len, int(want)))
         mask = None if attention_mask is None else attention_mask[:, :, q_len - n:, :]
         rows = attention_rows(query[:, :, q_len - n:], key, mask, scaling, k_len - n)
+    if attention_mask is not None and getattr(module.config, "_trajscope_rows_unmasked", False):
+        n = rows.shape[2]  # the output above used the mask; the returned rows see every causal key
+        rows = attention_rows(query[:, :, q_len - n:], key, None, scaling, k_len - n)
     if sink is not None:
         sink.add(rows)
     return out, rows

@@ -142,7 +142,8 @@ def _hooks(model: Any, hf: torch.nn.Module, *, steer: list, steps: torch.Tensor,
 def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = None, steering: Sequence[Any] = (),
             layers: Sequence[int] = (), splice: tuple[int, Callable] | None = None,
             key_mask: torch.Tensor | None = None, mask_from: int | None = None, past: Any = None,
-            return_cache: bool = False, attention_rows: int = 0, _inplace: bool = False) -> ForwardResult:
+            return_cache: bool = False, attention_rows: int = 0, rows_unmasked: bool = False,
+            _inplace: bool = False) -> ForwardResult:
     """Teacher-forced forward over ``token_ids`` (no cache unless ``past`` / ``return_cache``).
 
     Args:
@@ -157,6 +158,8 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
         return_cache: also return the KV cache after these tokens.
         attention_rows: also return every layer's attention rows of the last ``attention_rows`` queries
             (needs a model whose attention can be read: ``attn="rows"`` or ``"eager"``).
+        rows_unmasked: those rows see every causal key although the key mask hides some from the forward
+            itself (``attn="rows"`` only): a query computed under eviction, scored against the full prompt.
     Returns:
         :class:`ForwardResult`: ``logits [T, vocab]``, ``resid {layer: [T, d_model]}``.
     """
@@ -173,6 +176,8 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
     if attention_rows and getattr(model, "attn_impl", "eager") == "sdpa":
         raise TrajscopeError("This model was loaded with attn='sdpa', whose attention cannot be read; load it with "
                              "attn='rows' (the default) or 'eager'.")
+    if rows_unmasked and getattr(model, "attn_impl", "rows") != "rows":
+        raise TrajscopeError("Unmasked attention rows beside a masked forward need the model loaded with attn='rows'.")
     hf = model._local("This forward (splice, key mask or KV cache)")
     dev = _device(hf)
     masks = None
@@ -190,6 +195,10 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
                                    grabbed=grabbed))
         if n_rows:
             stack.enter_context(_row_hooks(model, hf, n_rows, rows))
+            if rows_unmasked:
+                from trajscope.model.attention import unmasked_rows
+
+                stack.enter_context(unmasked_rows(hf.config))
         out = hf(input_ids=torch.tensor([list(token_ids)], device=dev), past_key_values=cache,
                  use_cache=bool(return_cache or cache is not None))
     return ForwardResult(logits=out.logits[0].float().cpu(), resid={k: v[0] for k, v in grabbed.items()},

@@ -22,6 +22,7 @@ import torch
 
 from trajscope.errors import TrajscopeError
 from trajscope.model import batch as bt
+from trajscope.model import evicted
 from trajscope.model import forward as fw
 from trajscope.model.attention import collect_rows, prefill_rows
 from trajscope.model.families import Family, get_path
@@ -205,12 +206,12 @@ class ModelHandle:
     def forward(self, token_ids: Sequence[int], *, prompt_len: int | None = None, steering: Sequence[Any] = (),
                 layers: Sequence[int] = (), splice: tuple[int, Callable] | None = None,
                 key_mask: torch.Tensor | None = None, mask_from: int | None = None, past: Any = None,
-                return_cache: bool = False, attention_rows: int = 0) -> ForwardResult:
+                return_cache: bool = False, attention_rows: int = 0, rows_unmasked: bool = False) -> ForwardResult:
         """Teacher-forced forward over known tokens; see :func:`trajscope.model.forward.forward`."""
         with self.lock:
             return fw.forward(self, token_ids, prompt_len=prompt_len, steering=steering, layers=layers,
                               splice=splice, key_mask=key_mask, mask_from=mask_from, past=past,
-                              return_cache=return_cache, attention_rows=attention_rows)
+                              return_cache=return_cache, attention_rows=attention_rows, rows_unmasked=rows_unmasked)
 
     def read_residuals(self, prompts: Sequence[str | Sequence[int]], layer: int, position: int = -1) -> torch.Tensor:
         """Block ``layer``'s output at ``position`` of each prompt: ``[n_prompts, d_model]`` float32."""
@@ -269,6 +270,18 @@ class ModelHandle:
         query) see only the keys ``key_mask`` keeps; see :func:`trajscope.model.forward.masked_decode`."""
         with self.lock:
             return fw.masked_decode(self, prompt_ids, max_new_tokens, key_mask, mask_from)
+
+    def decode_on_cache(self, prompt_len: int, prefill: ForwardResult, n_new: int, key_mask: torch.Tensor | None,
+                        *, rows: bool = False) -> tuple[list[int], torch.Tensor | None]:
+        """Greedy decode after a shared prefill with a key mask; see :func:`trajscope.model.evicted.decode_on_cache`."""
+        with self.lock:
+            return evicted.decode_on_cache(self, prompt_len, prefill, n_new, key_mask, rows=rows)
+
+    def per_step_logits(self, token_ids: Sequence[int], prompt_len: int, key_mask: torch.Tensor) -> torch.Tensor:
+        """Each decode query alone on the masked prompt over the full run's history; see
+        :func:`trajscope.model.evicted.per_step_logits`."""
+        with self.lock:
+            return evicted.per_step_logits(self, token_ids, prompt_len, key_mask)
 
     def __repr__(self) -> str:
         return (f"ModelHandle({self.model_id!r}, family={self.family.name}, layers={self.n_layers}, "

@@ -4,11 +4,12 @@ For every prompt, :func:`eviction`:
 
 1. captures the full run (greedy, ``max_new_tokens`` steps, every layer's attention rows kept);
 2. scores prompt keys with each policy of :mod:`trajscope.metrics.eviction` — SnapKV, H2O,
-   StreamingLLM and PyramidKV from the prefill attention; ``lookahead`` from the decode queries
-   of a *draft* (a sampled continuation, temperature 1, of ``m`` steps: an approximation of the
-   real continuation, as LAQ's draft is); ``pseudo`` from the window's tokens placed again at
-   positions ``P … P+m−1`` (one forward, their rows over the prompt keys); ``oracle`` from the
-   real decode queries of steps 1..m — and keeps each budget's top prompt positions;
+   StreamingLLM and PyramidKV from the prefill attention; ``lookahead`` as LAQ does, per budget:
+   the window's queries plus those of a greedy ``m``-token draft made on the SnapKV-compressed
+   cache (:mod:`trajscope.studies.eviction_queries`); ``pseudo`` from the last ``m`` prompt tokens
+   placed again at positions ``P … P+m−1`` (one forward, their rows over the prompt keys);
+   ``oracle`` from the real decode queries of steps 1..m — and keeps each budget's top prompt
+   positions;
 3. measures, per decode step, layer and head, the recall of the step's top-k attended prompt
    positions inside the kept set and the attention mass on evicted positions (the full run's
    rows: what the model actually looked at);
@@ -61,6 +62,7 @@ class EvictionResult:
     steps: pl.DataFrame
     rerun: pl.DataFrame
     settings: dict
+    split: pl.DataFrame | None = None  # eviction_split (per-step vs accumulated), when asked
 
     def summary(self, level: float = 0.95, n_boot: int = 500) -> pl.DataFrame:
         """Per policy, budget and decode-depth band: mean recall@k, evicted mass, KL to the full run, greedy
@@ -94,6 +96,8 @@ class EvictionResult:
             out.mkdir(parents=True, exist_ok=True)
             for name, df in zip(TABLES, (self.kept, self.steps, self.rerun)):
                 write_table(df, out / f"{name}.parquet", name)
+            if self.split is not None:
+                write_table(self.split, out / "eviction_split.parquet", "eviction_split")
         except OSError as exc:
             raise TrajscopeError(f"Cannot write the eviction study to '{out}': {exc.strerror or exc}.") from None
         return out
@@ -107,21 +111,16 @@ def _rows(traj) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _query_rows(model, traj, policy: str, m: int, window: int, seed: int) -> torch.Tensor | None:
-    """``[L, H, m', P]`` rows that ``lookahead`` / ``pseudo`` / ``oracle`` score with (None for the others)."""
+    """``[L, H, m', P]`` rows that ``pseudo`` / ``oracle`` score with (None for the others; ``lookahead``'s
+    draft depends on the budget: :func:`~trajscope.studies.eviction_queries.laq_rows`)."""
+    from trajscope.studies import eviction_queries as eq
+
     P = traj.prompt_len
     if policy == "oracle":
         _, dec = _rows(traj)
         return dec[:, :m, :, :P].permute(0, 2, 1, 3)
-    if policy == "lookahead":
-        draft = capture(model, traj.token_ids[:P], CaptureConfig(max_new_tokens=m + 1, temperature=1.0, seed=seed,
-                                                                  stop_at_eos=False, attention_layers="all"))
-        _, dec = _rows(draft)
-        return dec[:, :m, :, :P].permute(0, 2, 1, 3)
     if policy == "pseudo":
-        ids = traj.token_ids[:P]
-        pseudo = ids + ids[P - min(m, window):]
-        rows = model.forward(pseudo, attention_rows=len(pseudo) - P).attn
-        return torch.stack([rows[layer][:, :, :P] for layer in sorted(rows)])
+        return eq.pseudo_rows(model, traj.token_ids[:P], m)
     return None
 
 
@@ -146,7 +145,7 @@ def _rerun(model, traj, sel: ev.Selection, full_logits: torch.Tensor, run_id: st
 def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] = ev.POLICIES,
              budgets: Sequence[float | int] = (0.1, 0.2, 0.5), *, max_new_tokens: int = 32, window: int = 16,
              lookahead: int = 8, k: int = 8, per_head: bool = True, rerun: bool = True, seed: int = 0,
-             progress: Callable[[int, int], None] | None = None) -> EvictionResult:
+             progress: Callable[[int, int], None] | None = None, split: bool = False) -> EvictionResult:
     """Run the eviction study over ``prompts``.
 
     Args:
@@ -160,6 +159,8 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
         k: top-k attended prompt positions for recall.
         per_head: one kept set per head (True) or per layer.
         rerun: also run the masked re-runs (KL and token agreement).
+        split: also split the damage into per-step and accumulated arms (:mod:`trajscope.studies.eviction_split`;
+            the ``split`` table).
         progress: ``(done, total)`` after each prompt.
     Returns:
         An :class:`EvictionResult`.
@@ -167,6 +168,9 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
         TrajscopeError: an unknown policy, a bad budget, a window longer than a prompt, or a model whose
         attention cannot be read.
     """
+    from trajscope.studies import eviction_queries as eq
+    from trajscope.studies.eviction_split import split_frame
+
     unknown = [p for p in policies if p not in ev.POLICIES]
     if unknown:
         raise TrajscopeError(f"Unknown eviction policy '{unknown[0]}': choose among {', '.join(ev.POLICIES)}.")
@@ -176,7 +180,7 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
     for b in budgets:  # one clear error before any model work
         ev.resolve_budget(b, 1)
     items = [p if isinstance(p, dict) else {"prompt": p} for p in prompts]
-    kept, steps, reruns = [], [], []
+    kept, steps, reruns, splits = [], [], [], []
     cfg = CaptureConfig(max_new_tokens=max_new_tokens, stop_at_eos=False, attention_layers="all")
     for i, item in enumerate(items):
         run_id = str(item.get("id", i))
@@ -186,10 +190,14 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
             raise TrajscopeError(f"The window ({window}) is longer than prompt '{run_id}' ({P} tokens); "
                                  f"use --window ≤ {P} or longer prompts.")
         prefill, decode = _rows(traj)
-        full_logits = model.forward(traj.token_ids[:-1]).logits if rerun else None
+        full_logits = model.forward(traj.token_ids[:-1]).logits if (rerun or split) else None
+        shared = model.forward(traj.token_ids[:P], return_cache=True) if "lookahead" in policies else None
         for policy in policies:
             q = _query_rows(model, traj, policy, lookahead, window, seed + i)
             for budget in budgets:
+                if policy == "lookahead":
+                    q = eq.laq_rows(model, traj.token_ids[:P], shared, prefill, budget, window=window, m=lookahead,
+                                    per_head=per_head)[1]
                 sel = ev.select(policy, prefill, budget, window=window, query_rows=q, per_head=per_head)
                 tag = [pl.lit(run_id).alias("run_id"), pl.lit(policy).alias("policy"),
                        pl.lit(float(budget)).alias("budget")]
@@ -197,6 +205,8 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
                 steps.append(ev.step_costs(sel, decode, P, k=k).with_columns(tag))
                 if rerun:
                     reruns.append(_rerun(model, traj, sel, full_logits, run_id))
+                if split:
+                    splits.append(split_frame(model, traj.token_ids, P, sel, run_id, full_logits))
         if progress is not None:
             progress(i + 1, len(items))
     lead = ["run_id", "policy", "budget"]
@@ -207,7 +217,7 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
     empty = pl.DataFrame(schema={"run_id": pl.String, "policy": pl.String, "budget": pl.Float64, "step": pl.Int32,
                                  "kl_to_full": pl.Float64, "token_agrees": pl.Boolean, "forced_agrees": pl.Boolean})
     return EvictionResult(pl.concat(kept), st.select(lead + [c for c in st.columns if c not in lead]),
-                          pl.concat(reruns) if reruns else empty, settings)
+                          pl.concat(reruns) if reruns else empty, settings, pl.concat(splits) if splits else None)
 
 
 def first_divergence(rerun: pl.DataFrame) -> pl.DataFrame:
@@ -216,3 +226,26 @@ def first_divergence(rerun: pl.DataFrame) -> pl.DataFrame:
             .agg(pl.col("step").filter(~pl.col("token_agrees")).min().alias("first_divergence"),
                  pl.col("step").max().alias("last_step"))
             .sort("policy", "budget", "run_id"))
+
+
+def divergence_survival(rerun: pl.DataFrame, level: float = 0.95) -> pl.DataFrame:
+    """First divergence as a censored time-to-event, per policy and budget.
+
+    A run that never leaves the full run's tokens is censored at its last step, not dropped (dropping it biases
+    the median early). The Kaplan–Meier median with its Brookmeyer–Crowley interval
+    (:func:`trajscope.survival.km_median`); ``inf`` where the median or a bound is never reached.
+
+    Returns:
+        ``policy, budget, km_median, km_lo, km_hi, n_runs, n_censored``.
+    """
+    from trajscope.survival import km_median
+
+    fd = first_divergence(rerun).with_columns(
+        pl.col("first_divergence").is_not_null().alias("event"),
+        pl.coalesce("first_divergence", "last_step").alias("time"))
+    rows = []
+    for (policy, budget), g in fd.partition_by(["policy", "budget"], as_dict=True, maintain_order=True).items():
+        iv = km_median(g["time"].to_numpy(), g["event"].to_numpy(), level)
+        rows.append({"policy": policy, "budget": budget, "km_median": iv.estimate, "km_lo": iv.lo, "km_hi": iv.hi,
+                     "n_runs": g.height, "n_censored": int((~g["event"]).sum())})
+    return pl.DataFrame(rows).sort("policy", "budget")

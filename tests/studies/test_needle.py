@@ -1,0 +1,76 @@
+"""The passkey task on a tiny model: prompts are built as documented, budget 1.0 answers exactly as the full cache,
+accuracy carries a Wilson interval, and the command writes its tables."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from trajscope.stats import binomial_interval
+from trajscope.studies import needle as nd
+
+
+def test_prompts_hide_the_key_at_the_depth(tiny_models):
+    model = tiny_models["llama"]
+    ps = nd.needle_prompts(model, 3, 160, [0.1, 0.9], seed=3)
+    assert [p["depth"] for p in ps] == [0.1, 0.9, 0.1] and len({p["key"] for p in ps}) == 3
+    for p in ps:
+        text = model.tokenizer.decode(p["ids"])
+        assert abs(len(p["ids"]) - 160) <= 12 and text.count(p["key"]) == 2
+        haystack = text.split("\n\n" + nd.QUESTION)[0]
+        needle_at = haystack.index(" The pass key is")
+        filler_len = len(haystack) - len(f" The pass key is {p['key']}. Remember it. {p['key']} is the pass key. ")
+        assert abs(needle_at / filler_len - p["depth"]) < 0.05
+        assert text.rstrip().endswith("The pass key is")
+
+
+def test_answer_matching():
+    assert nd.answer_matches("The pass key is 1234567.", "1234567")
+    assert not nd.answer_matches("1234567 8", "123456") and not nd.answer_matches("no digits", "1")
+    assert not nd.answer_matches("12345678", "1234567")
+
+
+def test_full_budget_answers_equal_the_full_cache(tiny_models):
+    model = tiny_models["llama"]
+    ps = nd.needle_prompts(model, 2, 128, [0.5], seed=0)
+    ans = nd.needle_study(model, ps, budgets=[0.25, 1.0], window=8, lookahead=4, answer_tokens=4)
+    assert ans.height == 2 * (1 + len(nd.POLICIES) * 2)
+    full = ans.filter(pl.col("policy") == "full").select("run_id", pl.col("answer").alias("full"))
+    at_one = ans.filter((pl.col("budget") == 1.0) & (pl.col("policy") != "full")).join(full, on="run_id")
+    assert (at_one["answer"] == at_one["full"]).all()
+    small = ans.filter(pl.col("budget") == 0.25).join(full, on="run_id")
+    assert (small["answer"] != small["full"]).any()  # evicting three quarters changes some answer
+    table = nd.accuracy_table(ans.with_columns(correct=pl.col("run_id") == "needle0"))
+    row = table.row(0, named=True)
+    iv = binomial_interval(1, 2)
+    assert (row["accuracy"], row["lo"], row["hi"], row["n"]) == (0.5, iv.lo, iv.hi, 2)
+
+
+def test_needle_command(tmp_path, capsys, tiny_dirs):
+    from trajscope.cli import main
+    from trajscope.export import read_table
+
+    assert main(["eviction", "--task", "needle", "--model", str(tiny_dirs["llama"]), "--context", "96",
+                 "--n-prompts", "2", "--policies", "snapkv,lookahead", "--budgets", "0.5,1.0", "--window", "8",
+                 "--lookahead", "4", "--answer-tokens", "3", "--out", str(tmp_path / "n"), "--quiet"]) == 0
+    acc = read_table(tmp_path / "n" / "needle_accuracy.parquet")
+    assert set(acc["policy"]) == {"full", "snapkv", "lookahead"} and acc["n"].to_list() == [2] * 5
+    assert "95% Wilson" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["eviction", "--task", "haystack"])
+
+
+def test_heldout_perplexity_equals_the_full_model_at_budget_one(tiny_models):
+    import math
+
+    import torch
+
+    model = tiny_models["llama"]
+    ids = model.encode(nd.filler_text()[:2000])[:80]
+    out = nd.heldout_perplexity(model, [ids], 48, policies=["snapkv", "lookahead"], budgets=[0.3, 1.0], window=8,
+                                lookahead=4)
+    full = out.filter(pl.col("policy") == "full")["nll"][0]
+    logits = model.forward(ids[:-1]).logits[47:]  # independent: cross-entropy of the plain forward
+    assert full == pytest.approx(float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[48:]))), rel=1e-6)
+    assert (out.filter(pl.col("budget") == 1.0)["nll"] == full).all()
+    assert (out.filter(pl.col("budget") == 0.3)["nll"] != full).all() and math.isfinite(out["nll"].max())
