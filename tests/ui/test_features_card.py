@@ -92,7 +92,7 @@ def test_unwritable_sae_directory_says_so_and_keeps_the_label(run, sae_copy, mon
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("trajscope.sae.index.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("trajscope.io.tempfile.mkstemp", refuse)
     view.card.label_text = "newline token"
     assert "not writable" in view.card.message and "session only" in view.card.message
     assert not (sae_copy / LABELS_FILE).exists()

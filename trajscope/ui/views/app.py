@@ -105,6 +105,14 @@ class TrajScope(StateView):
         self.eviction = EvictionView(state=self.state)
         self.compaction = CompactionView(state=self.state)
         self.live = LiveView(state=self.state)
+        # one list of (tab title, view), built once: the core cards, each registered study's card, then Export
+        self._cards = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features),
+                       ("Drift", self.drift), ("Steering", self.steering), ("Eviction", self.eviction),
+                       ("Compaction", self.compaction)]
+        self._cards += [(study.name.replace("-", " ").capitalize(), study.card(self.state))
+                        for study in studies().values() if study.card is not None]
+        self._cards.append(("Export", self.export))
+        self._provenance = [provenance_line(self.state) for _ in self._cards]  # one per card
         self.controls.on_start.append(self.live.reset)
         self.controls.listeners.append(self.live.append)
         self._started = False
@@ -133,14 +141,7 @@ class TrajScope(StateView):
         Tabs are rendered when first shown (``dynamic``): a new run redraws only the tab on screen.
         """
         card = dict(sizing_mode="stretch_width", collapsible=False, margin=(5, 5))
-        # one list of (tab title, view): the core cards, each registered study's card, then Export
-        named = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features),
-                 ("Drift", self.drift), ("Steering", self.steering), ("Eviction", self.eviction),
-                 ("Compaction", self.compaction)]
-        named += [(study.name.replace("-", " ").capitalize(), study.card(self.state))
-                  for study in studies().values() if study.card is not None]
-        named.append(("Export", self.export))
-        self._provenance = [provenance_line(self.state) for _ in named]  # one per card
+        named = self._cards
         tabs = pn.Tabs(  # each card opens with the run and model its results belong to
             *[(name, pn.Column(self._provenance[i], view, sizing_mode="stretch_width"))
               for i, (name, view) in enumerate(named)],
