@@ -2,6 +2,8 @@
 
 import panel as pn
 
+from trajscope.escaping import md_text
+from trajscope.trajectory import Trajectory
 from trajscope.ui.state import AppState
 from trajscope.ui.views.analysis import SteeringView
 from trajscope.ui.views.compaction import CompactionView
@@ -15,11 +17,20 @@ def _buttons(view, label: str):
 def test_provenance_names_run_and_model_and_says_when_it_is_being_replaced(short_run):
     st = AppState(trajectory=short_run)
     line = st.provenance()
-    assert short_run.run_id in line and "`sample`" in line and "6 layers × 4 heads" in line
+    assert md_text(short_run.run_id) in line and "on model sample" in line and "6 layers × 4 heads" in line
     assert "replaced" not in line
     st.param.update(busy=True, model_source="other")
-    assert "being replaced" in st.provenance() and "`other`" in st.provenance()
+    assert "being replaced" in st.provenance() and "a new run on other" in st.provenance()
     assert AppState().provenance().startswith("No run yet")
+
+
+def test_provenance_shows_ids_from_files_as_text(short_run):
+    """A run id (from meta.json) that closes a code span and carries markup stays text."""
+    payload = "x`<img src=x onerror=alert(1)>`*b*"
+    meta = {**short_run.meta, "run_id": payload}
+    st = AppState(trajectory=Trajectory(meta, short_run.tokens, short_run.attention, short_run.activations))
+    line = st.provenance()
+    assert "<img" not in line and "`" not in line.replace("\\`", "") and md_text(payload) in line
 
 
 def test_actions_on_a_run_are_disabled_and_refused_while_generate_runs(short_run):

@@ -21,6 +21,7 @@ import param
 import polars as pl
 
 from trajscope import positions
+from trajscope.escaping import md_text
 from trajscope.capture.config import CaptureConfig
 from trajscope.errors import TrajscopeError
 from trajscope.metrics.attention import TELEMETRY_FIELDS, step_queries
@@ -162,11 +163,13 @@ class AppState(param.Parameterized):
             on_screen = "No run yet"
         else:
             model = traj.meta.get("model", {})
-            on_screen = (f"Run `{traj.run_id}` on model `{model.get('model_id', '?')}` ({model.get('n_layers', '?')} "
-                         f"layers × {model.get('n_heads', '?')} heads), {traj.n_steps} steps")
+            # run ids and model ids come from files and the page: escaped text, never markup
+            on_screen = (f"Run {md_text(traj.run_id)} on model {md_text(model.get('model_id', '?'))} "
+                         f"({md_text(model.get('n_layers', '?'))} layers × {md_text(model.get('n_heads', '?'))} heads), "
+                         f"{traj.n_steps} steps")
         if self.busy:
-            return (f"{on_screen} — being replaced: a new run on `{self.model_source}` is generating; actions wait "
-                    "for it.")
+            return (f"{on_screen} — being replaced: a new run on {md_text(self.model_source)} is generating; actions "
+                    "wait for it.")
         return on_screen + "."
 
     def step_for_pos(self, pos: int) -> int:

@@ -131,8 +131,8 @@ class Controls(StateView):
             if model is None:
                 return "Saved run size: shown once the model is loaded."
             return st.size_estimate(model, len(model.encode(st.prompt)))
-        except TrajscopeError as exc:
-            return str(exc)
+        except TrajscopeError as exc:  # may echo what the page sent (a model name): text, never markup
+            return md_text(str(exc))
 
     def _on_wait(self, n_ahead: int) -> None:
         self.ticker.message = (f"Waiting for a free generation slot: {n_ahead} generation{'s' if n_ahead > 1 else ''} "
