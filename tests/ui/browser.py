@@ -12,3 +12,21 @@ def set_field(page, label: str, value, key: str = "Enter") -> None:
     box = page.get_by_label(label, exact=True)
     box.fill(str(value))
     box.press(key)
+
+
+def serve_app(page, make_page, timeout: int = 90_000):
+    """Serve ``make_page()`` (a ``default_page(...)`` template) to ``page``; return the session's TrajScope
+    once the page shows its Generate button."""
+    from panel.tests.util import serve_component, wait_until
+
+    apps = []
+
+    def make():
+        tpl = make_page()
+        apps.append(tpl._trajscope)
+        return tpl
+
+    serve_component(page, make)
+    page.locator(".ts-generate").wait_for(timeout=timeout)
+    wait_until(lambda: len(apps) == 1, page, timeout=timeout)
+    return apps[0]

@@ -84,20 +84,9 @@ def _servers():
 @pytest.fixture
 def app_page(page, sample_model, fresh_models):
     """The served page on the demo run, the sample model shared; returns ``(page, app)`` (the session's TrajScope)."""
-    from panel.tests.util import serve_component, wait_until
-
+    from browser import serve_app
     from trajscope.ui import runner
     from trajscope.ui.views.app import default_page
 
     runner._MODELS[("sample", False, None)] = sample_model
-    apps = []
-
-    def make():
-        tpl = default_page()
-        apps.append(tpl._trajscope)
-        return tpl
-
-    serve_component(page, make)
-    page.locator(".ts-generate").wait_for(timeout=90_000)
-    wait_until(lambda: len(apps) == 1, page, timeout=90_000)
-    return page, apps[0]
+    return page, serve_app(page, default_page)

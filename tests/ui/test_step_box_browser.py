@@ -9,7 +9,9 @@ from trajscope.ui.views.app import default_page
 
 pytestmark = pytest.mark.ui
 pw = pytest.importorskip("playwright.sync_api")
-from panel.tests.util import serve_component, wait_until  # noqa: E402
+from panel.tests.util import wait_until  # noqa: E402
+
+from browser import serve_app  # noqa: E402
 
 TIMEOUT = 90_000
 # what JupyterLab does: a capture listener on the document that takes Enter (its "edit cell" command)
@@ -19,17 +21,7 @@ LAB_TAKES_ENTER = """() => document.addEventListener('keydown', (e) => {
 
 
 def test_step_box_takes_enter_and_names_steps_outside_the_run(page, short_run_dir):
-    apps = []
-
-    def make():
-        tpl = default_page(short_run_dir)
-        apps.append(tpl._trajscope)
-        return tpl
-
-    serve_component(page, make)
-    page.locator(".ts-generate").wait_for(timeout=TIMEOUT)
-    wait_until(lambda: len(apps) == 1, page, timeout=TIMEOUT)
-    app = apps[0]
+    app = serve_app(page, lambda: default_page(short_run_dir), TIMEOUT)
     page.evaluate(LAB_TAKES_ENTER)
     box = page.locator(".ts-step-box input")
     box.fill("5")

@@ -14,7 +14,9 @@ from trajscope.ui.views.app import default_page
 
 pytestmark = pytest.mark.ui
 pw = pytest.importorskip("playwright.sync_api")
-from panel.tests.util import serve_component, wait_until  # noqa: E402
+from panel.tests.util import wait_until  # noqa: E402
+
+from browser import serve_app  # noqa: E402
 
 TIMEOUT = 90_000
 N_MODELS = "() => Bokeh.documents.map(d => d.all_models.size).reduce((a, b) => a + b, 0)"
@@ -23,17 +25,9 @@ HEAP = "() => { window.gc(); return performance.memory.usedJSHeapSize; }"
 
 @pytest.fixture
 def app_page(page, short_run_dir):
-    apps = []
-
-    def make():
-        tpl = default_page(short_run_dir)
-        apps.append(tpl._trajscope)
-        return tpl
-
-    serve_component(page, make)
-    page.locator(".ts-generate").wait_for(timeout=TIMEOUT)
-    wait_until(lambda: len(apps) == 1 and page.locator("canvas").count() >= 3, page, timeout=TIMEOUT)
-    return page, apps[0]
+    app = serve_app(page, lambda: default_page(short_run_dir), TIMEOUT)
+    wait_until(lambda: page.locator("canvas").count() >= 3, page, timeout=TIMEOUT)
+    return page, app
 
 
 def step_to(page, app, target: int) -> None:
