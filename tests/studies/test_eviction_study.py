@@ -48,9 +48,9 @@ def _forced_agreement_is_per_step(model, res):
     traj = ts.capture(model, PROMPTS[0], max_new_tokens=8, stop_at_eos=False, attention_layers="all")
     P, ids = traj.prompt_len, traj.token_ids
     prefill = torch.stack([ev.split_rows(traj.attention_rows(layer), P)[0] for layer in range(model.n_layers)])
-    sel = ev.select("snapkv", prefill, 0.2, window=4)  # as the study chose it for prompt 0
+    sel = ev.select("snapkv", prefill, 0.5, window=4)  # as the study chose it for prompt 0
     masked = model.forward(ids[:-1], prompt_len=P, key_mask=ev.key_mask(sel, len(ids))).logits
-    rr = res.rerun.filter((pl.col("run_id") == "0") & (pl.col("policy") == "snapkv") & (pl.col("budget") == 0.2))
+    rr = res.rerun.filter((pl.col("run_id") == "0") & (pl.col("policy") == "snapkv") & (pl.col("budget") == 0.5))
     assert rr["forced_agrees"].to_list() == (masked[P - 1:].argmax(-1) == torch.tensor(ids[P:])).tolist()
     after = res.rerun.join(first_divergence(res.rerun), on=["run_id", "policy", "budget"]).filter(
         pl.col("step") > pl.col("first_divergence"))

@@ -115,7 +115,7 @@ def test_payloads_stay_text_everywhere(bad_runs, sae_copy, app_page, tmp_path):
     for label in options:
         if label.startswith("<img") or label.startswith("listed"):
             page.locator(".ts-saved-runs select").select_option(label=label)
-            wait_until(lambda: st.error and st.run_path.endswith(label.split(" · ")[0]), page, timeout=TIMEOUT)
+            wait_until(lambda: bool(st.error) and st.run_path.endswith(label.split(" · ")[0]), page, timeout=TIMEOUT)
             check(page, dialogs, f"saved run {label}")
     check(page, dialogs, "schema version", shows="schema version <svg onload=alert(1)>")  # shown as text
 

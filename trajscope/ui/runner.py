@@ -31,6 +31,7 @@ import time
 from typing import Any, Callable
 
 from trajscope.capture import capture
+from trajscope.chat import user_message
 from trajscope.errors import TrajscopeError
 from trajscope.logs import error_id
 from trajscope.model import ModelHandle, load_model
@@ -173,6 +174,8 @@ class GenerationJob:
         on_wait: ``(n_ahead)`` while the job waits in :data:`QUEUE` for a free generation slot (optional).
         threads: CPU threads of a local capture, for the worker thread only; default
             :func:`~trajscope.ui.openmp.page_share` (all cores but one, left to the page).
+        chat: send a text prompt as one user message through the model's chat template, when the
+            model has one (:func:`trajscope.chat.user_message`).
     """
 
     def __init__(self, source: str, prompt: str, plan: Any, dispatch: Callable[[Callable[[], None]], None],
@@ -180,8 +183,8 @@ class GenerationJob:
                  remote: bool = False, api_key: str | None = None, flush_every_s: float = 0.2,
                  on_partial: Callable[[Any], None] | None = None, partial_every_s: float = 2.0,
                  loader: Callable | None = None, on_wait: Callable[[int], None] | None = None,
-                 threads: int | None = None):
-        self.source, self.prompt, self.plan = source, prompt, plan
+                 threads: int | None = None, chat: bool = False):
+        self.source, self.prompt, self.plan, self.chat = source, prompt, plan, chat
         self.on_wait = on_wait
         self.remote, self._api_key = remote, api_key
         self.dispatch = dispatch
@@ -286,7 +289,10 @@ class GenerationJob:
             if not self.remote:
                 openmp.set_threads(self.threads if self.threads is not None else openmp.page_share())
             self._last_flush = self._last_partial = t1 = time.monotonic()
-            traj = capture(model, self.prompt, self.config, on_step=self._on_step, cancel=self._should_stop)
+            prompt = self.prompt
+            if self.chat and isinstance(prompt, str) and getattr(model.tokenizer, "chat_template", None):
+                prompt = user_message(prompt)  # rendered through the model's template; tokens get segments
+            traj = capture(model, prompt, self.config, on_step=self._on_step, cancel=self._should_stop)
             self.t_captured = time.monotonic()
             self.timings = {"start_s": t0 - self._t_start, "load_s": t1 - t0, "capture_s": self.t_captured - t1}
             log.info("generation: model %.2f s, capture %.2f s, %d steps", t1 - t0, self.timings["capture_s"],

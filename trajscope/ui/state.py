@@ -97,6 +97,9 @@ class AppState(param.Parameterized):
     remote = param.Boolean(default=False, doc="Run on NDIF (needs an API key).")
     ndif_api_key = param.String(default="", doc="NDIF API key; kept in memory only, never saved, exported or logged.")
     prompt = param.String(default=DEMO_PROMPT, doc="Prompt text to continue.")
+    chat = param.Boolean(default=True, doc="Send the prompt as one user message through the model's chat template "
+                         "when it has one (an instruct model such as SmolLM2 answers a bare prompt with end-of-turn); "
+                         "models without a template continue the text as it is.")
     max_new_tokens = param.Integer(default=64, doc="Decode steps to run at most (≥ 1; checked when Generate is pressed).")
     temperature = param.Number(default=0.0, bounds=(0.0, 5.0), doc="0 = greedy; > 0 samples with this temperature.")
     seed = param.Integer(default=0, doc="Random seed for sampling (ignored when greedy).")

@@ -85,7 +85,7 @@ class Controls(StateView):
         dispatch = dispatch or dispatcher()
         self._give_back = openmp.lend(dispatch)  # the UI thread's OpenMP team steps aside until the run ends
         self.job = GenerationJob(
-            source, st.prompt, plan, dispatch, remote=remote, api_key=st.ndif_api_key or None,
+            source, st.prompt, plan, dispatch, remote=remote, api_key=st.ndif_api_key or None, chat=st.chat,
             on_progress=self._on_progress, on_done=self._on_done, on_error=self._on_error, loader=loader,
             on_wait=self._on_wait)
         return self.job.start()
@@ -227,6 +227,8 @@ class Controls(StateView):
                                                description="'all', 'none' or indices like '0,3'. The layer shown in "
                                                "the heatmap is always kept; other layers show their top-8 keys only. "
                                                "Full rows cost heads × n² numbers per layer (see the estimate below).")
+        chat = pn.widgets.Checkbox.from_param(st.param.chat, name="Chat: the prompt is a user message",
+                                              css_classes=["ts-chat"])
         keep_res = pn.widgets.TextInput.from_param(
             st.param.keep_residuals, name="Keep residuals of layers", css_classes=["ts-keep-residuals"],
             description="'all', 'none' or indices like '0,3'. The SAE's layer and the Drift card's layers are "
@@ -254,6 +256,6 @@ class Controls(StateView):
         open_btn = pn.widgets.Button(label="Open run", width=110, css_classes=["ts-open"])
         open_btn.on_click(self.open_run)
         return pn.Column(
-            "### Model & run", source, remote, key, prompt, pn.Row(mnt, temp, seed), keep, keep_res, f16, size,
+            "### Model & run", source, remote, key, prompt, chat, pn.Row(mnt, temp, seed), keep, keep_res, f16, size,
             pn.Row(gen, stop), self.ticker, alert,
             pn.pane.HTML("<hr style='border: none; border-top: 1px solid #ddd'>", sizing_mode="stretch_width"), self.saved, path, open_btn, sizing_mode="stretch_width")
