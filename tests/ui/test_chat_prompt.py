@@ -12,7 +12,7 @@ def _job(model, prompt, chat):
     job = GenerationJob("tiny", prompt, CaptureConfig(max_new_tokens=3), lambda fn: fn(), lambda events: None,
                         lambda traj: out.setdefault("traj", traj), lambda msg: out.setdefault("error", msg),
                         loader=lambda *a, **k: model, chat=chat)
-    job._run()
+    job.start().thread.join(120)  # on its own thread, as the app runs it (it sets that thread's OpenMP count)
     return out
 
 
