@@ -283,7 +283,9 @@ def test_export_view_offers_a_comparison_report(short_run, short_run_dir):
     html = view._report().getvalue().decode()
     assert "Generated tokens by step" in html and html.count("<h2>") >= 3
     view.compare_with = str(short_run_dir)
-    two = view._report().getvalue().decode()
+    two = view._report()
+    assert two is not None, view.state.error  # the sentence, when the comparison is refused
+    two = two.getvalue().decode()
     assert two.count(short_run.run_id) >= 2
     view.compare_with = str(short_run_dir.parent / "no-such-run")
     assert view._report() is None and "No run directory" in view.state.error
