@@ -9,7 +9,7 @@ work=$(mktemp -d /tmp/trajscope-first-page.XXXXXX)
 fresh="$work/trajscope"
 mkdir -p "$fresh"
 # tracked files and untracked ones git does not ignore: what a clone of this working tree holds
-git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$fresh"
+git ls-files -z --cached --others --exclude-standard | xargs -0 cp -d --parents -t "$fresh"  # -d: links as links
 cd "$fresh"
 log="$work/serve.log"
 port=${FIRST_PAGE_PORT:-5006}
