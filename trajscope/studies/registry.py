@@ -9,7 +9,8 @@ A study answers one question about a model. It is one :class:`Study`:
 - ``run(model, prompts, config, progress) -> Result``: Polars tables and summaries. The
   :class:`Result` is the only home of the study's numbers;
 - ``section(result) -> (title, html, figures)``: its part of a report, reading the Result only;
-- ``card(state) -> viewable`` (optional): an app tab.
+- ``card(state) -> viewable`` (optional): an app tab, titled ``title`` (default: the name) and placed
+  by ``order`` (lower first) among the registered cards, after the core cards and before Export.
 
 :func:`register` adds a study; :func:`studies` lists them after importing every study package
 under ``trajscope/studies/`` (a package registers itself when imported), so adding a study edits
@@ -123,6 +124,13 @@ class Study:
     marker: str | None = None  # a table whose presence marks the study in folders without a .result.json
     shared_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"max_prompts": 96}
     family: str = ""  # prefix of the tables' schema names ("serving": serving_<table>)
+    title: str = ""  # the app tab's title (default: the name, capitalised)
+    order: int = 100  # the app tab's place among registered cards (lower first; ties by name)
+
+    @property
+    def tab_title(self) -> str:
+        """The app tab's title."""
+        return self.title or self.name.replace("-", " ").capitalize()
 
     def holds(self, folder: str | pathlib.Path) -> bool:
         """Whether ``folder`` holds this study's output."""
@@ -165,6 +173,11 @@ def studies() -> dict[str, Study]:
                 importlib.import_module(f"{pkg.__name__}.{info.name}")
         _DISCOVERED = True
     return dict(_REGISTRY)
+
+
+def cards() -> list[Study]:
+    """The registered studies that have an app card, in tab order (``order``, then name)."""
+    return sorted((s for s in studies().values() if s.card is not None), key=lambda s: (s.order, s.name))
 
 
 def get(name: str) -> Study:

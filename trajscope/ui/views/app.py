@@ -21,7 +21,7 @@ import param
 from panel.io.resources import CDN_DIST
 from panel.theme import Design, Fast
 
-from trajscope.studies.registry import studies
+from trajscope.studies.registry import cards as registered_cards
 from trajscope.trajectory import Trajectory
 from trajscope.ui.state import AppState
 from trajscope.ui.views._base import StateView, provenance_line
@@ -109,8 +109,7 @@ class TrajScope(StateView):
         self._cards = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features),
                        ("Drift", self.drift), ("Steering", self.steering), ("Eviction", self.eviction),
                        ("Compaction", self.compaction)]
-        self._cards += [(study.name.replace("-", " ").capitalize(), study.card(self.state))
-                        for study in studies().values() if study.card is not None]
+        self._cards += [(study.tab_title, study.card(self.state)) for study in registered_cards()]
         self._cards.append(("Export", self.export))
         self._provenance = [provenance_line(self.state) for _ in self._cards]  # one per card
         self.controls.on_start.append(self.live.reset)
