@@ -33,12 +33,12 @@ from trajscope.errors import TrajscopeError
 from trajscope.export import export
 from trajscope.model import ModelHandle, load_model
 from trajscope.profile import DriftProbe, ReferenceProfile
-from trajscope.profile_build import build_profile
+from trajscope.studies.drift.build import build_profile
 from trajscope.report import Comparison, compare
 from trajscope.sae.model import SAE
 from trajscope.steering import SteeringVector
 from trajscope.studies.eviction import EvictionResult, eviction
-from trajscope.sweep import SweepResult, steering_sweep
+from trajscope.studies.steering.sweep import SweepResult, steering_sweep
 from trajscope.trajectory import Trajectory
 
 __version__ = "0.1.0"
