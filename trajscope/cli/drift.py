@@ -26,8 +26,8 @@ from trajscope.errors import TrajscopeError
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from trajscope.studies.drift.build import build_profile, named_split, prompt_ids
     from trajscope.prompts import read_prompts
+    from trajscope.studies.drift.build import build_profile, named_split, prompt_ids
 
     items = read_prompts(args.prompts)
     ids = prompt_ids(items)

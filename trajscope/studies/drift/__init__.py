@@ -37,4 +37,4 @@ STUDY = register(Study(
     marker="drift_by_position.parquet",
     example="trajscope study drift --prompts sample_data/prompts/heldout_code.jsonl --out reports/drift"))
 
-__all__ = ["DriftConfig", "STUDY", "build_profile", "evaluate", "named_split", "prompt_ids", "run", "score_run"]
+__all__ = ["STUDY", "DriftConfig", "build_profile", "evaluate", "named_split", "prompt_ids", "run", "score_run"]

@@ -11,7 +11,12 @@ import holoviews as hv
 import polars as pl
 
 from trajscope import positions
-from trajscope.ui.analysis_plots import LAYER_COLORS, STEP_AXIS, layer_ticks, robust_clim
+from trajscope.ui.analysis_plots import (
+    LAYER_COLORS,
+    STEP_AXIS,
+    layer_ticks,
+    robust_clim,
+)
 from trajscope.ui.plots import integer_hover, position_labels, visible
 
 

@@ -142,7 +142,7 @@ def evaluate(model: Any, prompts: Sequence[Any], config: DriftConfig, progress: 
     key = {i: (str(by_id[i]["file"]) if unit == "file" else i) for i in ids}
     rows = rows.with_columns(pl.col("prompt_id").replace_strict(key, return_dtype=pl.String).alias("cluster"))
     ev = rows.filter(pl.col("split") == "evaluate")
-    kw = dict(n_boot=config.n_boot, seed=config.seed, cluster="cluster")
+    kw = {"n_boot": config.n_boot, "seed": config.seed, "cluster": "cluster"}
     tables = {"drift_positions": rows,
               "drift_by_position": dr.summarize(ev, ("regime", "pos_bin", "layer"), **kw),
               "drift_by_depth": dr.summarize(ev, ("regime", "depth_band", "layer"), **kw),

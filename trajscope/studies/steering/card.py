@@ -22,7 +22,11 @@ from trajscope.escaping import html_text
 from trajscope.logs import failure_sentence
 from trajscope.studies.steering import plots as ap
 from trajscope.studies.steering.section import effect_rows
-from trajscope.studies.steering.state import SteeringSettings, parse_depths, skipped_depths
+from trajscope.studies.steering.state import (
+    SteeringSettings,
+    parse_depths,
+    skipped_depths,
+)
 from trajscope.ui import openmp
 from trajscope.ui.tables import table_pane
 from trajscope.ui.views._base import StateView, any_of, dispatcher
