@@ -95,3 +95,22 @@ def test_a_bad_setting_is_one_sentence_before_the_model_loads(tiny_dirs, prompt_
 
     assert main(["study", "drift", "--prompts", str(prompt_file), "--fpr", "2", "--out", str(tmp_path / "x")]) == 2
     assert "--fpr must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_the_shipped_report_shows_the_shipped_headline():
+    """sample_data/reports holds the drift study of the sample model (scripts/make_sample_reports.sh): its section
+    shows the marker's numbers, and the marker's prefill share is the held-out FPR table pooled over layers."""
+    import pathlib
+
+    from trajscope.interval_text import format_interval
+
+    shipped = pathlib.Path(__file__).resolve().parents[2] / "sample_data" / "reports"
+    assert get("drift").holds(shipped)
+    res = Result.load(shipped, "drift")
+    _, body, _ = get("drift").section(res)
+    for name in ("decode_flagged", "prefill_flagged", "decode_minus_continuation"):
+        s = res.summaries[name]
+        assert format_interval(s["value"], s["lo"], s["hi"], 4, n_clusters=s["n_clusters"]) in body
+    fpr = res.table("drift_heldout_fpr")
+    pooled = float((fpr["fpr"] * fpr["n_positions"]).sum() / fpr["n_positions"].sum())
+    assert res.summaries["prefill_flagged"]["value"] == pytest.approx(pooled)

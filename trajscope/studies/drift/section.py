@@ -39,9 +39,7 @@ def drift_section(result: Result) -> Section:
     fpr_table = result.table("drift_heldout_fpr")
     parts.append("<h3>Held-out prefill false-positive rate by layer</h3>"
                  + table(fpr_table, ["layer", "fpr", "n_positions", "n_prompts"], ci_of=["fpr"]))
-    depth = result.table("drift_by_depth")
-    pooled = depth.group_by("regime", "depth_band", maintain_order=True).agg(
-        pl.col("flagged_frac").mean(), pl.col("n_prompts").max())
-    parts.append("<h3>Flagged share by regime and decode depth (mean over layers; per-layer intervals in "
-                 "<code>drift_by_depth</code>)</h3>" + table(pooled, ["regime", "depth_band", "flagged_frac", "n_prompts"]))
+    depth = result.table("drift_by_depth").filter(pl.col("regime") != "prefill")
+    parts.append("<h3>Flagged share by regime, decode depth and layer</h3>"
+                 + table(depth, ["regime", "depth_band", "layer", "flagged_frac", "n_prompts"], ci_of=["flagged_frac"]))
     return "Drift: decode vs the prefill profile", "".join(parts), []
