@@ -110,3 +110,23 @@ def test_a_bad_setting_is_one_sentence(tmp_path, capsys):
     assert main(argv) == 2 and "exactly one of --vector" in capsys.readouterr().err
     assert main([*argv, "--pairs", "p.jsonl", "--layer", "1", "--strengths", "a"]) == 2
     assert "--strengths must be comma-separated numbers" in capsys.readouterr().err
+
+
+def test_the_shipped_report_shows_the_shipped_effects():
+    """sample_data/reports holds the steering study of the sample model: its section shows the marker's effects,
+    and each is the shipped summary table's, which the shipped per-step table reproduces."""
+    import pathlib
+
+    from trajscope.interval_text import format_interval
+    from trajscope.studies.steering.summary import decay_summary
+
+    shipped = pathlib.Path(__file__).resolve().parents[2] / "sample_data" / "reports"
+    res = Result.load(shipped, "steering")
+    _, body, _ = get("steering").section(res)
+    table = res.table("steering_summary")
+    again = decay_summary(res.table("steering"), window=res.config["window"])
+    assert len(res.summaries["effect"]) == table.height == 8
+    for e in res.summaries["effect"]:
+        assert format_interval(e["value"], e["lo"], e["hi"], 4, n_clusters=e["n_prompts"]) in body
+        row = again.filter((pl.col("start_step") == e["start_step"]) & (pl.col("strength") == e["strength"]))
+        assert row["effect"][0] == pytest.approx(e["value"])

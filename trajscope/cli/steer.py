@@ -21,8 +21,6 @@ from trajscope.errors import TrajscopeError
 
 
 def cmd_steer_sweep(args: argparse.Namespace) -> int:
-    import polars as pl
-
     from trajscope.prompts import read_prompts
     from trajscope.studies.steering.study import SteeringConfig, run, vector_for
 
@@ -48,11 +46,25 @@ def cmd_steer_sweep(args: argparse.Namespace) -> int:
         raise TrajscopeError("Interrupted before the sweep could save; rerun with fewer depths or prompts.") from exc
     result.save(out)
     vec.save(out / "vector.safetensors")
-    with pl.Config(tbl_rows=50, tbl_cols=12, float_precision=4):
-        print(result.table("steering_summary"))
+    print_summary(result)
     print(f"written to {out}/ (steering.parquet, steering_summary.parquet, steering_texts.parquet, "
           f"steering.result.json, vector.safetensors)", file=sys.stderr)
     return 0 if result.summaries.get("complete", True) else 130
+
+
+def print_summary(result) -> None:
+    """Print the Result's ``steering_summary`` with each mean and its 95 % interval in one cell."""
+    import polars as pl
+
+    from trajscope.interval_text import interval_columns
+
+    cols = ["strength", "start_step", "n_prompts", "n_short", "onset_kl", "effect", "from_step1_kl", "changed_frac",
+            "half_life_median", "halved_frac"]
+    summ = interval_columns(result.table("steering_summary").sort("strength", "start_step"),
+                            ["onset_kl", "effect", "from_step1_kl", "changed_frac"], "n_prompts")
+    with pl.Config(tbl_rows=50, tbl_cols=12, fmt_str_lengths=30, tbl_width_chars=220, tbl_hide_dataframe_shape=True,
+                   tbl_hide_column_data_types=True):
+        print(summ.select(c for c in cols if c in summ.columns))
 
 
 def register(sub) -> None:
