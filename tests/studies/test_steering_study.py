@@ -103,13 +103,17 @@ def test_the_effect_matches_the_written_steps(tiny_dirs, tmp_path):
     assert title.startswith("Steering") and "same window of 3 steered steps" in body and figs
 
 
-def test_a_bad_setting_is_one_sentence(tmp_path, capsys):
+def test_a_bad_setting_is_one_sentence(tiny_dirs, tmp_path, capsys):
     from trajscope.cli import main
 
     argv = ["study", "steering", "--prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "x")]
     assert main(argv) == 2 and "exactly one of --vector" in capsys.readouterr().err
     assert main([*argv, "--pairs", "p.jsonl", "--layer", "1", "--strengths", "a"]) == 2
     assert "--strengths must be comma-separated numbers" in capsys.readouterr().err
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "def f(x):"}))
+    assert main([*argv, "--model", str(tiny_dirs["llama"]), "--pairs", str(_pairs(tmp_path)), "--layer", "1",
+                 "--layers", "0,1"]) == 2
+    assert "give it with --layer, not --layers" in capsys.readouterr().err
 
 
 def test_the_shipped_report_shows_the_shipped_effects():

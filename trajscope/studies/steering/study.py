@@ -84,7 +84,7 @@ def run(model: Any, prompts: Sequence[Any], config: SteeringConfig, progress: Ca
         prompts: prompt texts, token-id lists, records with ``prompt`` or ``(id, token ids)`` pairs.
         config: the study's settings.
         progress: ``(done, total)`` after each (prompt, seed, depth, strength) cell.
-        layers: not used (the vector names its layer); accepted as every study's ``run`` accepts it.
+        layers: must be None: the vector names the one steered layer (``layer``); ``--layers`` is refused.
         vector: a ready vector (the app card's); default :func:`vector_for` ``(model, config)``.
         cancel: a ``threading.Event`` that stops the sweep after the current cell.
     Returns:
@@ -93,6 +93,8 @@ def run(model: Any, prompts: Sequence[Any], config: SteeringConfig, progress: Ca
     """
     from trajscope.studies.steering.sweep import steering_sweep
 
+    if layers:
+        raise TrajscopeError("The steering study steers one block: give it with --layer, not --layers.")
     texts = [p["prompt"] if isinstance(p, dict) else (list(p[1]) if isinstance(p, tuple) else p) for p in prompts]
     vec = vector if vector is not None else vector_for(model, config)
     res = steering_sweep(model, texts, vec, depths=config.depths, strengths=config.strengths, window=config.window,
