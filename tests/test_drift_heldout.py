@@ -16,7 +16,7 @@ import trajscope as ts
 from tiny import hf_reference
 from trajscope.capture import CaptureConfig
 from trajscope.studies.drift.runs import continuation_residuals, prompt_regime_rows
-from trajscope.metrics import drift_regimes as dr
+from trajscope.studies.drift import regimes as dr
 from trajscope.profile import DriftProbe, ReferenceProfile, profile_from_residuals
 from trajscope.studies.drift.build import build_profile, named_split, prompt_ids
 from trajscope.prompts import read_prompts

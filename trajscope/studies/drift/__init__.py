@@ -9,7 +9,8 @@ One :class:`~trajscope.studies.registry.Study` (``trajscope study drift``; the a
 - :mod:`.section`: the report section, reading the Result only;
 - :mod:`.card`, :mod:`.state`, :mod:`.plots`: the app card (a Viewer reading the Result);
 - :mod:`.build`: :func:`~.build.build_profile`, the prefill profile (``trajscope profile``);
-  :mod:`.runs`: the model runs of the three regimes.
+  :mod:`.runs`: the model runs of the three regimes; :mod:`.regimes`: their scoring and the summary
+  tables (by position, depth and entropy band, the matched gap, held-out FPR, the trajectory flag).
 
 ``trajscope profile`` and ``trajscope drift`` (:mod:`trajscope.cli.drift`) are aliases that call
 :func:`~.build.build_profile` and :func:`~.study.evaluate`.

@@ -9,7 +9,7 @@ followed by the continuation's, cut to the number of decode positions, so the
 continuation's positions are exactly the decode positions P..P+n−1. The prompt
 is tokenized as capture tokenizes it and the continuation on its own (no
 special tokens), so positions below P are the same tokens in every regime.
-Scoring and summaries live in :mod:`trajscope.metrics.drift_regimes`.
+Scoring and summaries live in :mod:`trajscope.studies.drift.regimes`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from trajscope import positions
 from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
-from trajscope.metrics.drift_regimes import regime_rows
+from trajscope.studies.drift.regimes import regime_rows
 from trajscope.profile import ReferenceProfile
 
 
@@ -65,7 +65,7 @@ def prompt_regime_rows(model: Any, profile: ReferenceProfile, prompt_id: str, it
             ``cfg.max_new_tokens − 1`` positions (the decode positions a full run would fill).
         skip_first: leave position 0 (the attention sink) out of the prefill rows, as the profile does.
     Returns:
-        Rows of :func:`trajscope.metrics.drift_regimes.regime_rows`, all regimes concatenated.
+        Rows of :func:`trajscope.studies.drift.regimes.regime_rows`, all regimes concatenated.
     """
     parts = []
     n_match = cfg.max_new_tokens - 1

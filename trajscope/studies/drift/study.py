@@ -5,7 +5,7 @@
 (:func:`~trajscope.studies.drift.build.named_split`, seeded) unless a profile with a recorded split
 is given; the prefill profile's moments come from the fit prompts and its per-layer threshold
 (at ``fpr``) from the calibrate prompts. Only evaluate prompts are scored, in three regimes at
-matched positions (:mod:`trajscope.metrics.drift_regimes`): prefill over the prompt, greedy
+matched positions (:mod:`trajscope.studies.drift.regimes`): prefill over the prompt, greedy
 decode, and the human continuation teacher-forced at the decode positions (for prompt records
 with a ``continuation``). The calibrate prompts' continuations calibrate a trajectory-level
 threshold (max over steps and layers of score / layer threshold) at ``trajectory_rate``.
@@ -106,7 +106,7 @@ def evaluate(model: Any, prompts: Sequence[Any], config: DriftConfig, progress: 
         layers: blocks to report (default all; the trajectory statistic is taken over these).
     """
     from trajscope.capture import CaptureConfig
-    from trajscope.metrics import drift_regimes as dr
+    from trajscope.studies.drift import regimes as dr
     from trajscope.profile import ReferenceProfile
     from trajscope.studies.drift.build import build_profile, named_split
     from trajscope.studies.drift.runs import prompt_regime_rows
@@ -168,7 +168,7 @@ def evaluate(model: Any, prompts: Sequence[Any], config: DriftConfig, progress: 
 
 def _trajectory(rows: pl.DataFrame, ev: pl.DataFrame, rate: float, notes: list[str]) -> pl.DataFrame | None:
     """The trajectory-level flag: calibrated on the calibrate continuations, measured on held-out runs."""
-    from trajscope.metrics import drift_regimes as dr
+    from trajscope.studies.drift import regimes as dr
 
     cal = dr.run_statistics(rows.filter(pl.col("split") == "calibrate"), "continuation")
     if not cal.height:

@@ -56,7 +56,7 @@ def headline(rows: pl.DataFrame, *, cluster: str = "prompt_id", n_boot: int = 10
     Args:
         rows: one row per prompt × regime × position × layer with ``prompt_id``, ``regime`` (``prefill``,
             ``decode``, ``continuation``), ``pos``, ``layer``, ``flagged`` and the ``cluster`` column
-            (:func:`trajscope.metrics.drift_regimes.regime_rows` output, or a run's scored table).
+            (:func:`trajscope.studies.drift.regimes.regime_rows` output, or a run's scored table).
         cluster: the resampling unit's column.
         n_boot, seed: the bootstrap's resamples and seed.
     Returns:
