@@ -12,8 +12,9 @@ Serves the app in-process on ``--model`` (default ``smollm2``) and drives headle
    changed (p50 / p95);
 4. opens every tab in order and times the click to the card **settled**: no ``trajscope-*`` worker
    thread alive on the server, the session not busy, no visible status line ending in "…", and two
-   animation frames painted after that. A card that starts no work within 1 s reads about 1 s: for
-   those the figure is an upper bound.
+   animation frames painted after that, or the last change in the number of rendered plots if that
+   comes later (it is watched until it holds still for 0.6 s). A card that starts no work within 1 s
+   reads about 1 s or more: for those the figure is an upper bound.
    Cards whose result needs a button (Steering: *Steer*; Eviction and Compaction: *Run*) get it
    pressed, and the time runs to the end of that work. Each card's screenshot goes to ``--shots``;
    a card showing an error alert is reported with the alert's text.
@@ -66,6 +67,14 @@ CLICK_TO_DONE = """([button, status]) => {
   };
   requestAnimationFrame(tick);
 }"""
+# plots BokehJS has laid out with a size (the visible tab's, the step bar's and the token strip's)
+RENDERED = """() => {
+  if (typeof Bokeh === 'undefined' || !Bokeh.index) return -1;
+  const all = []; const walk = v => { all.push(v); for (const c of (v.child_views || [])) walk(c); };
+  Object.values(Bokeh.index).forEach(walk);
+  return all.filter(v => v.model && v.model.constructor.name === 'Figure')
+            .filter(v => v.el && v.el.getBoundingClientRect().width > 0).length;
+}"""
 FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(performance.now()))))"
 ACTIONS = {"Steering": "Steer", "Eviction": "Run", "Compaction": "Run"}  # a card's button that produces its result
 
@@ -104,6 +113,20 @@ def started(app, page, within: float = 1.0) -> None:
     t0 = time.time()
     while time.time() - t0 < within and settled(app) and not working(page):
         time.sleep(0.05)
+
+
+def drawn(page, still: float = 0.6, timeout: float = 60.0) -> tuple[int, float]:
+    """Wait until the number of rendered plots has not changed for ``still`` seconds; return it and the
+    ``time.perf_counter()`` of its last change."""
+    t0, last, since = time.perf_counter(), None, time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        n = page.evaluate(RENDERED)
+        if n != last:
+            last, since = n, time.perf_counter()
+        elif time.perf_counter() - since >= still:
+            break
+        time.sleep(0.1)
+    return (last if last is not None else -1), since
 
 
 def alerts(page) -> list[str]:
@@ -227,9 +250,11 @@ def main() -> None:
                         started(app, page)
                         wait(lambda: card_settled(app, page), timeout=900)
                 page.evaluate(FRAMES)
-                took = time.perf_counter() - t_click
+                t_settled = time.perf_counter()
+                n_plots, t_plots = drawn(page)
+                took = max(t_settled, t_plots) - t_click
                 found = alerts(page)
-                result["cards"][name] = {"open_s": took, "action": action, "alerts": found}
+                result["cards"][name] = {"open_s": took, "action": action, "alerts": found, "plots_on_page": n_plots}
                 if shots:
                     page.screenshot(path=str(shots / f"{len(result['cards']):02d}_{name.replace(' ', '_')}.png"),
                                     full_page=True)
