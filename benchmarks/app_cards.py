@@ -72,7 +72,7 @@ RENDERED = """() => {
   if (typeof Bokeh === 'undefined' || !Bokeh.index) return -1;
   const all = []; const walk = v => { all.push(v); for (const c of (v.child_views || [])) walk(c); };
   Object.values(Bokeh.index).forEach(walk);
-  return all.filter(v => v.model && v.model.constructor.name === 'Figure')
+  return all.filter(v => v.model && (v.model.type === 'Figure' || v.model.constructor.name === 'Figure'))
             .filter(v => v.el && v.el.getBoundingClientRect().width > 0).length;
 }"""
 FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(performance.now()))))"
