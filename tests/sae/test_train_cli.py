@@ -12,7 +12,7 @@ import torch
 import trajscope as ts
 from trajscope.cli import main
 from trajscope.errors import TrajscopeError
-from trajscope.sae import train as tr
+from trajscope.features import train as tr
 
 
 def _synthetic(n, d=16, n_true=48, seed=0, shift=0.0):
@@ -83,7 +83,7 @@ def test_cli_harvest_train_and_drift(tmp_path, tiny_dirs, capsys):
     assert set(table["sae"].unique()) == {"pre", "hyb"} and set(table["seed"].unique()) == {0, 1, 2, 3}
     assert table["phase"].is_in(["prefill", "decode"]).all()
     from trajscope.metrics.sae_eval import reconstruction_stats
-    from trajscope.sae.harvest import Harvest
+    from trajscope.features.harvest import Harvest
 
     he = Harvest.load(tmp_path / "he").where(pl.col("phase") == "prefill")
     for seed, d in enumerate(pre_dirs):  # the report's point values equal a direct computation, per seed

@@ -1,18 +1,18 @@
 """SAE subcommands of the ``trajscope`` CLI: ``harvest``, ``train-sae``, ``sae-drift`` and ``sae-index``.
 
 - ``trajscope harvest``: capture a prompt set's continuations and save one layer's
-  activations with their tags (:mod:`trajscope.sae.harvest`).
+  activations with their tags (:mod:`trajscope.features.harvest`).
 - ``trajscope train-sae``: train a prefill-only (``--decode-fraction 0``) or hybrid
   SAE on one or more harvests; writes the SAELens-format SAE, ``training_log.csv``
   (loss curve) and ``training_metrics.json``.
-- ``trajscope sae-drift``: the prefill→decode report (:mod:`trajscope.sae.reconstruction`)
+- ``trajscope sae-drift``: the prefill→decode report (:mod:`trajscope.features.reconstruction`)
   — reconstruction by phase, decode depth, entropy band and position bin for every
   training mix and seed, with prompt-clustered intervals, the seed spread and the
   mix differences, and the feature overlap beside its matched-n null; writes
   ``sae_drift.parquet``, ``sae_seeds.parquet``, ``sae_diff.parquet``,
   ``sae_overlap.parquet``, ``sae_drift.json`` and ``sae_drift.txt``.
 - ``trajscope sae-index``: the feature index (top-activating contexts and prefill/decode
-  density of every feature over a prompt set, :mod:`trajscope.sae.index`), written
+  density of every feature over a prompt set, :mod:`trajscope.features.index`), written
   beside the SAE (or to ``--out``).
 
 :func:`register` adds them to the main parser (:mod:`trajscope.cli`).
@@ -35,7 +35,7 @@ def cmd_harvest(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from trajscope.prompts import read_prompts
-    from trajscope.sae.harvest import harvest
+    from trajscope.features.harvest import harvest
 
     opt.threads(args.threads)
     items = read_prompts(args.prompts)
@@ -87,8 +87,8 @@ def cmd_train_sae(args: argparse.Namespace) -> int:
     import polars as pl
     import torch
 
-    from trajscope.sae.harvest import Harvest
-    from trajscope.sae.train import TrainConfig, train_sae
+    from trajscope.features.harvest import Harvest
+    from trajscope.features.train import TrainConfig, train_sae
 
     opt.threads(args.threads)
     seeds = seed_list(args.seed)
@@ -141,9 +141,9 @@ def _parse_saes(items: list[str]) -> dict[str, list[str]]:
 def cmd_sae_drift(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    from trajscope.sae.harvest import Harvest
+    from trajscope.features.harvest import Harvest
     from trajscope.sae.model import SAE
-    from trajscope.sae.reconstruction import format_report, reconstruction_report
+    from trajscope.features.reconstruction import format_report, reconstruction_report
 
     opt.threads(args.threads)
     dirs = _parse_saes(args.sae)  # argument errors before any loading
@@ -179,7 +179,7 @@ def cmd_sae_index(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from trajscope.prompts import read_prompts
-    from trajscope.sae.index import EXAMPLES_FILE, IndexSettings, build_index
+    from trajscope.features.index import EXAMPLES_FILE, IndexSettings, build_index
     from trajscope.sae.model import SAE
 
     opt.threads(args.threads)
