@@ -1,6 +1,8 @@
 """Studies: questions about models that trajscope answers with its own engine, each a function, a command
 and Parquet tables.
 
+- sae-drift (:mod:`~trajscope.studies.sae_drift`, ``trajscope study sae-drift``): does an SAE fitted on
+  prefill activations still reconstruct decode activations, and does a prefill/decode mix do better?
 - eviction (:mod:`~trajscope.studies.eviction`, ``trajscope eviction``): do the prompt keys that a
   KV-eviction policy keeps after prefill stay the ones decode attends to, and what does evicting the
   rest cost the next-token distribution?
