@@ -96,7 +96,7 @@ HARVEST_FIELDS = ("max_new_tokens", "n_sampled", "temperature", "top_p")
 
 def with_harvest_settings(config: SaeDriftConfig, meta: dict[str, Any]) -> SaeDriftConfig:
     """``config`` with its harvest fields set to what a saved harvest's ``meta`` says it was made with."""
-    found = {k: meta[k] for k in HARVEST_FIELDS if isinstance(meta.get(k), (int, float)) and meta.get(k) is not None}
+    found = {k: meta[k] for k in HARVEST_FIELDS if isinstance(meta.get(k), (int, float))}
     if isinstance((meta.get("serving") or {}).get("batch_size"), int):
         found["batch_size"] = meta["serving"]["batch_size"]
     return dataclasses.replace(config, **found)
