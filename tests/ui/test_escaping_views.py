@@ -10,7 +10,7 @@ import polars as pl
 from bokeh.document import Document
 from panel.pane.markup import HTMLBasePane
 
-from trajscope.sae.labels import FeatureLabels
+from trajscope.features.labels import FeatureLabels
 from trajscope.ui.views.app import TrajScope
 
 PAYLOAD = "<img src=x onerror=alert(1)> <script>alert(1)</script> <svg onload=alert(1)> \"><b>x</b> @{x}{safe} $x"

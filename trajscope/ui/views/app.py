@@ -206,8 +206,8 @@ def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample"
     Opens ``run_dir`` when it holds a run (default: ``sample_data/runs/demo`` on the sample model);
     without one, the page captures a short run of the demo prompt on ``model`` as soon as it is shown.
     """
-    from trajscope.model import sample_data_dir
     from trajscope.ui import operator
+    from trajscope.ui.artefacts import sample_data_dir
 
     if not operator.SESSIONS.enter():  # the operator's limit on concurrent sessions
         return Page(title=TITLE, font=FONT, main=[pn.pane.Alert(

@@ -205,7 +205,7 @@ def harvest(model: Any, prompts: Sequence[dict], layer: int, *, max_new_tokens: 
     """Capture continuations of ``prompts`` and collect ``layer``'s block outputs.
 
     Args:
-        model: a :class:`trajscope.ModelHandle`.
+        model: a :class:`trajscope.model.ModelHandle`.
         prompts: dicts with ``prompt`` (text) and optional ``id``.
         layer: block index (negative counts from the end).
         max_new_tokens: decode steps per continuation (0 = prefill only).

@@ -2,7 +2,7 @@
 
 :func:`reconstruction_report` encodes a harvest (usually the ``eval`` prompts, never seen
 in SAE training) with each SAE of each training mix (several seeds per mix), computes
-the spliced-in KL / CE increase per row (:mod:`trajscope.sae.splice`), and builds:
+the spliced-in KL / CE increase per row (:mod:`trajscope.features.splice`), and builds:
 
 - ``drift``: every metric of :mod:`trajscope.metrics.sae_eval` per row group (phase,
   depth, step, continuation, entropy band and absolute position bin, each group of one
@@ -32,9 +32,9 @@ from trajscope.metrics import overlap as ov
 from trajscope.metrics import sae_intervals as si
 from trajscope.metrics.bands import POSITION_ORDER, position_bin_expr
 from trajscope.metrics.sae_eval import report_groups
-from trajscope.sae.harvest import Harvest
+from trajscope.features.harvest import Harvest
 from trajscope.sae.model import SAE
-from trajscope.sae.splice import splice_rows
+from trajscope.features.splice import splice_rows
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """Feature labels: the names a user gives SAE features, kept beside the SAE.
 
 An SAE's features are numbered, not named; after reading a feature's top
-contexts (:mod:`trajscope.sae.index`) a user writes down what it seems to detect
+contexts (:mod:`trajscope.features.index`) a user writes down what it seems to detect
 ("for-loop header"). Labels live in ``labels.json`` in the SAE directory — a JSON
 object ``{"123": "for-loop header", ...}`` — so they travel with the SAE and any
 tool can read them. Each change is written at once, atomically (temporary file
