@@ -21,7 +21,7 @@ The public API is this short list; everything else is an implementation detail.
   :func:`steering_sweep` returns a :class:`SweepResult`; :func:`export` writes many
   runs as one Hive-partitioned, schema-versioned Parquet dataset.
 - :func:`eviction` runs the KV-eviction study (policies' kept prompt keys, per-step recall and
-  evicted mass, masked re-runs) and returns an :class:`EvictionResult`.
+  evicted mass, masked re-runs) and returns its study :class:`~trajscope.studies.registry.Result`.
 - :class:`TrajscopeError` is raised for bad input, with a one-sentence explanation.
 - :class:`TrajScope` is the interactive app (Panel): ``panel serve apps/trajscope.py`` or
   ``ts.TrajScope(model="sample")`` in a notebook.
@@ -37,14 +37,14 @@ from trajscope.profile_build import build_profile
 from trajscope.report import Comparison, compare
 from trajscope.sae.model import SAE
 from trajscope.steering import SteeringVector
-from trajscope.studies.eviction import EvictionResult, eviction
+from trajscope.studies.eviction.engine import eviction
 from trajscope.sweep import SweepResult, steering_sweep
 from trajscope.trajectory import Trajectory
 
 __version__ = "0.1.0"
 __all__ = ["load_model", "ModelHandle", "capture", "capture_batch", "CaptureConfig", "StepEvent", "Trajectory", "TrajscopeError",
            "TrajScope", "SteeringVector", "steering_sweep", "SweepResult", "build_profile", "ReferenceProfile",
-           "DriftProbe", "SAE", "compare", "Comparison", "export", "eviction", "EvictionResult"]
+           "DriftProbe", "SAE", "compare", "Comparison", "export", "eviction"]
 
 
 def __getattr__(name: str):

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from trajscope.stats import binomial_interval
-from trajscope.studies import needle as nd
+from trajscope.studies.eviction import needle as nd
 
 
 def test_prompts_hide_the_key_at_the_depth(tiny_models):

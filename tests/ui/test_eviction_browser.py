@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trajscope.studies.eviction import eviction
+from trajscope.studies.eviction.engine import eviction
 
 pytestmark = pytest.mark.ui
 pw = pytest.importorskip("playwright.sync_api")
@@ -43,10 +43,10 @@ def test_eviction_card_runs_the_study_and_draws(app_page, sample_model):
     ref = eviction(sample_model, [{"prompt": traj.token_ids[:P], "id": traj.run_id}], policies=["h2o"],
                    budgets=[0.5], max_new_tokens=len(traj.token_ids) - P, window=3)
     res = s.result
-    assert res.kept["kept_pos"].to_list() == ref.kept["kept_pos"].to_list()
-    np.testing.assert_allclose(res.steps["evicted_mass"].to_numpy(), ref.steps["evicted_mass"].to_numpy())
-    np.testing.assert_allclose(res.rerun["kl_to_full"].to_numpy(), ref.rerun["kl_to_full"].to_numpy(), atol=1e-6)
-    assert res.rerun["token_agrees"].to_list() == ref.rerun["token_agrees"].to_list()
+    assert res.tables["eviction_kept"]["kept_pos"].to_list() == ref.tables["eviction_kept"]["kept_pos"].to_list()
+    np.testing.assert_allclose(res.tables["eviction_steps"]["evicted_mass"].to_numpy(), ref.tables["eviction_steps"]["evicted_mass"].to_numpy())
+    np.testing.assert_allclose(res.tables["eviction_rerun"]["kl_to_full"].to_numpy(), ref.tables["eviction_rerun"]["kl_to_full"].to_numpy(), atol=1e-6)
+    assert res.tables["eviction_rerun"]["token_agrees"].to_list() == ref.tables["eviction_rerun"]["token_agrees"].to_list()
     # the step cursor follows the app's step (set from the page's step box)
     box = page.locator(".ts-step-box input")
     box.fill("5")
