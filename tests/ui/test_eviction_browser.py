@@ -2,7 +2,7 @@
 
 Serves :func:`trajscope.ui.views.app.default_page` in-process on the shipped demo run, as
 ``test_generate_browser.py`` does, and drives the card from the page; the result on the server
-is checked against :func:`trajscope.studies.eviction.eviction` run directly on the same prompt.
+is checked against :func:`trajscope.studies.eviction.engine.eviction` run directly on the same prompt.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ TIMEOUT = 90_000
 
 def test_eviction_card_runs_the_study_and_draws(app_page, sample_model):
     page, app = app_page
-    s = app.eviction.settings
+    s = app.study_cards["eviction"].settings
     page.locator(".bk-tab", has_text="Eviction").click()
     page.locator(".ts-ev-run button").wait_for(timeout=TIMEOUT)
     page.get_by_label("Policy", exact=True).select_option(label="H2O")
@@ -52,7 +52,7 @@ def test_eviction_card_runs_the_study_and_draws(app_page, sample_model):
     box.fill("5")
     box.press("Enter")
     wait_until(lambda: app.state.step == 5, page, timeout=TIMEOUT)
-    spans = [a[0] for c in app.eviction.cursors.values() for a in c.annotations]
+    spans = [a[0] for c in app.study_cards["eviction"].cursors.values() for a in c.annotations]
     wait_until(lambda: len(spans) >= 2 and all(sp.location == 5.0 for sp in spans), page, timeout=TIMEOUT)
     ids = [sp.id for sp in spans]
     wait_until(lambda: page.evaluate("""(ids) => Bokeh.documents.flatMap(d => [...d.all_models])

@@ -94,7 +94,7 @@ def test_app_has_the_eviction_tab_before_export(short_run):
     app.main()
     names = list(app.tabs._names)
     assert names.index("Eviction") < names.index("Export")
-    assert app.eviction.state is app.state
+    assert app.study_cards["eviction"].state is app.state and names[names.index("Eviction") + 1] == "Compaction"
 
 
 def test_an_ndif_model_is_refused_in_one_sentence(view):
