@@ -188,8 +188,8 @@ def print_summaries(result: Any) -> None:
 
     keep = ("rel_l2_mean", "rel_l2_mean_lo", "rel_l2_mean_hi", "rel_l2_max", "floor_rel_l2", "frac_above_floor",
             "frac_greedy_diverged", "share_never_produced", "n_positions", "n_reused", "value", "lo", "hi",
-            "seed_min", "seed_max")
-    with pl.Config(tbl_rows=60, tbl_cols=-1, tbl_width_chars=200, fmt_float="mixed", fmt_str_lengths=20,
+            "seed_min", "seed_max", "budget")
+    with pl.Config(tbl_rows=60, tbl_cols=-1, tbl_width_chars=200, fmt_float="mixed", fmt_str_lengths=36,
                    tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
         for key in (k for k in result.tables if k.endswith("_summary")):
             df = result.tables[key]

@@ -22,7 +22,7 @@ import torch
 from trajscope.errors import TrajscopeError
 from trajscope.studies import probe as pr
 from trajscope.studies.compaction.engine import MASKED, SETUPS, measure_session, plant_directions
-from trajscope.studies.compaction.summary import headlines, summarize
+from trajscope.studies.compaction import summary as sm
 from trajscope.studies.registry import Result
 from trajscope.studies.sessions import Session, tokenize_session
 
@@ -128,10 +128,10 @@ def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int]
     tables = {"compaction_sessions": sess_df, "compaction_states": pl.concat(states),
               "compaction_next_token": pl.concat(kls), "compaction_attention": pl.concat(atts),
               "compaction_decode": pl.DataFrame(decode, schema=dec_schema), "compaction_probe": probe_df}
-    summary = summarize(tables["compaction_states"], tables["compaction_next_token"], tables["compaction_attention"],
+    summary = sm.summarize(tables["compaction_states"], tables["compaction_next_token"], tables["compaction_attention"],
                         tables["compaction_decode"], level=level, n_boot=n_boot)
     tables["compaction_summary"] = summary
-    return Result(study="compaction", tables=tables, config=settings, summaries=headlines(summary))
+    return Result(study="compaction", tables=tables, config=settings, summaries=sm.headlines(summary))
 
 
 def probe_table(features: dict[str, torch.Tensor], labels: torch.Tensor, layers: Sequence[int], train_idx: np.ndarray,
