@@ -49,7 +49,7 @@ def test_compaction_card_runs_a_typed_session_like_the_study(app_page, sample_mo
         wait_until(lambda: any(title in t for t in page.evaluate(TITLES)), page, timeout=TIMEOUT)
     page.locator(".ts-cp-summary", has_text="Session typed").wait_for(timeout=TIMEOUT)
 
-    res = s.result
+    res = s.result.result  # the card's Result of the one session
     ref = compaction(sample_model, [session], probe=False, max_new_tokens=6, n_boot=50)
     key = ["pair", "layer", "t3_index"]
     np.testing.assert_array_equal(res.tables["compaction_states"].sort(key)["rel_l2"].to_numpy(), ref.tables["compaction_states"].sort(key)["rel_l2"].to_numpy())
@@ -59,10 +59,12 @@ def test_compaction_card_runs_a_typed_session_like_the_study(app_page, sample_mo
     np.testing.assert_array_equal(res.tables["compaction_attention"].sort(akey)["summary_mass"].to_numpy(),
                                   ref.tables["compaction_attention"].sort(akey)["summary_mass"].to_numpy())
     for r in ref.tables["compaction_decode"].iter_rows(named=True):
-        assert (res.continuations[r["setup"]], res.first_divergence[r["setup"]]) == (r["text"], r["first_divergence"])
+        assert (s.result.continuations[r["setup"]], s.result.first_divergence[r["setup"]]) == (r["text"],
+                                                                                              r["first_divergence"])
     # the three continuations are on the page, side by side
     for setup in ("A", "B", "C"):
-        text = res.continuations[setup].strip().splitlines()[0].strip() if res.continuations[setup].strip() else ""
+        cont = s.result.continuations[setup]
+        text = cont.strip().splitlines()[0].strip() if cont.strip() else ""
         box = page.locator(f".ts-cp-{setup}")
         box.wait_for(timeout=TIMEOUT)
         if text:

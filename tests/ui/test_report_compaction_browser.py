@@ -30,6 +30,6 @@ def test_section_renders_offline(tmp_path, page):
     page.on("request", lambda r: requests.append(r.url))
     page.goto(path.as_uri())
     page.locator("canvas").nth(len(figs) - 1).wait_for(state="attached", timeout=90_000)
-    assert page.locator(".bk-Canvas").count() >= len(figs) == 4
-    assert page.get_by_text("Planted-signal check", exact=False).is_visible()
+    assert page.locator(".bk-Canvas").count() >= len(figs) == 3
+    assert page.get_by_text("Divergence of T3's hidden states", exact=False).is_visible()
     assert all(u.startswith("file:") or u.startswith("data:") for u in requests), requests

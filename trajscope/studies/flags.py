@@ -117,7 +117,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     found = studies()
     study = subparsers.add_parser(
         "study", help="run a registered study: " + ", ".join(sorted(found)),
-        description="Run one study on a prompt set and write its tables and result marker under --out; "
+        description="Run one study on a prompt set (or on the input it builds itself) and write its tables and "
+                    "result marker under --out; "
                     "'trajscope study-report DIR' renders any study's output.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog="example:\n  trajscope study determinism --prompts sample_data/prompts/heldout_code.jsonl "
