@@ -12,7 +12,7 @@ from bokeh.model import Model
 
 from trajscope.errors import TrajscopeError
 from trajscope.model import sample_data_dir
-from trajscope.studies.compaction.section import divergence_by_layer, first_divergence, probe_rows, section
+from trajscope.studies.compaction.section import decode_divergence, divergence_by_layer, probe_rows, section
 from trajscope.studies.registry import Result
 
 SHIPPED = sample_data_dir() / "reports" / "compaction"
@@ -52,7 +52,7 @@ def test_section_renders_the_shipped_study():
 def test_first_divergence_and_probe_rows_against_direct_counts():
     decode = pl.read_parquet(SHIPPED / "compaction_decode.parquet")
     summary = pl.read_parquet(SHIPPED / "compaction_summary.parquet")
-    rows = first_divergence(summary)
+    rows = decode_divergence(summary)
     assert [r["setup"] for r in rows] == ["A", "B", "D"]
     for r in rows:
         g = decode.filter(pl.col("setup") == r["setup"])

@@ -62,7 +62,7 @@ def divergence_by_layer(summary: pl.DataFrame) -> pl.DataFrame:
     return parts[0].join(parts[1].drop("n_sessions"), on=["pair", "layer"], how="left").sort("layer", "pair")
 
 
-def first_divergence(summary: pl.DataFrame) -> list[dict]:
+def decode_divergence(summary: pl.DataFrame) -> list[dict]:
     """Per setup (A, B, D vs C's greedy tokens): the summary's rows of the share of sessions that diverge and of
     the first divergence (``n_new`` = never), each ``{"setup", "diverged", "depth"}`` (rows with estimate, lo,
     hi, n_sessions); empty without a decode table."""
@@ -220,7 +220,7 @@ def section(result: Result) -> tuple[str, str, list]:
                  if r["pair"] in agree else "—", str(r["n_sessions"])] for r in kl.iter_rows(named=True)]
         parts.append("<h3>Next-token distribution over T3 (KL(p_ref ‖ p_x), nats)</h3>"
                      + _table(["x vs ref", "KL", "top-1 agrees", "n sessions"], rows))
-    fd = first_divergence(summary)
+    fd = decode_divergence(summary)
     if fd:
         n_new = st.get("max_new_tokens", "n_new")
 
