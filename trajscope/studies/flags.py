@@ -95,7 +95,8 @@ def add_study_parser(sub: Any, study: Study, command: str | None = None) -> argp
     and its config's flags."""
     text = study.question
     own = getattr(study.config, "OWN_INPUT", None)
-    p = sub.add_parser(command or study.name, help=text, description=f"{text[0].upper()}{text[1:]}."
+    p = sub.add_parser(command or study.name, help=text,
+                       description=f"{text[0].upper()}{text[1:]}{'' if text.endswith('?') else '.'}"
                        + (f" Its input: {own}." if own else ""),
                        epilog=f"example: {study.example}", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for flag, kw in SHARED:

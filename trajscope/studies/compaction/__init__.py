@@ -42,7 +42,7 @@ def card(state: Any) -> Any:
     return CompactionView(state=state)
 
 
-_doc = " ".join((CompactionConfig.__doc__ or "").split()).rstrip("?.")
+_doc = " ".join((CompactionConfig.__doc__ or "").split()).rstrip(".")
 register(Study(name="compaction", question=_doc[0].lower() + _doc[1:], config=CompactionConfig, run=run,
                section=section, card=card, title="Compaction", order=40,
                example="trajscope study compaction --model sample --synthetic 200 --out compaction/"))

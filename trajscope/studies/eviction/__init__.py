@@ -15,7 +15,7 @@ ones decode attends to, and what does evicting the rest cost the next-token dist
   per-run section: :mod:`~trajscope.studies.eviction.runs`;
 - app card: the Eviction tab (:mod:`~trajscope.studies.eviction.card`, state in
   :mod:`~trajscope.studies.eviction.state`, plots in :mod:`~trajscope.studies.eviction.plots`);
-- ``trajscope eviction`` stays as an alias of ``trajscope study eviction`` that also takes ``--runs RUN_DIR…``
+- ``trajscope eviction`` is an alias of ``trajscope study eviction`` that also takes ``--runs RUN_DIR…``
   (:mod:`~trajscope.studies.eviction.cli`).
 
 **needle** — a registered study of its own rather than a ``--task`` of ``eviction``: it builds its prompts
@@ -59,7 +59,7 @@ def card(state: Any) -> Any:
 
 
 def _question(config: type) -> str:
-    doc = " ".join((config.__doc__ or "").split()).rstrip("?.")
+    doc = " ".join((config.__doc__ or "").split()).rstrip(".")
     return doc[0].lower() + doc[1:]
 
 
