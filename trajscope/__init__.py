@@ -27,7 +27,7 @@ reached through its module and may change.
 Reached through their modules: ``trajscope.model.ModelHandle`` (what :func:`load_model`
 returns), ``trajscope.capture.batch.capture_batch``, ``trajscope.capture.StepEvent`` (what a
 streaming callback receives), ``trajscope.profile_build.build_profile``,
-``trajscope.sweep.steering_sweep``, ``trajscope.studies.eviction.eviction`` and
+``trajscope.sweep.steering_sweep``, ``trajscope.studies.eviction.engine.eviction`` and
 ``trajscope.report.Comparison``.
 """
 

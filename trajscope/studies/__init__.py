@@ -1,5 +1,5 @@
-"""Studies: questions about models that trajscope answers with its own engine, each a function, a command
-and Parquet tables.
+"""Studies: questions about models that trajscope answers with its own engine, each a registered package
+(:mod:`trajscope.studies.registry`), a command and Parquet tables.
 
 From Python, ``trajscope.studies`` is the way in (``ts.studies``): :func:`studies` lists the
 registered studies by name, :func:`get` returns one (a :class:`Study`: its ``config`` class,
@@ -17,9 +17,11 @@ returned or wrote (``Result.load(folder, name)``)::
 
 - sae-drift (:mod:`~trajscope.studies.sae_drift`, ``trajscope study sae-drift``): does an SAE fitted on
   prefill activations still reconstruct decode activations, and does a prefill/decode mix do better?
-- eviction (:mod:`~trajscope.studies.eviction`, ``trajscope eviction``): do the prompt keys that a
-  KV-eviction policy keeps after prefill stay the ones decode attends to, and what does evicting the
-  rest cost the next-token distribution?
+- eviction and needle (:mod:`~trajscope.studies.eviction`, ``trajscope study eviction`` / ``needle``): do the
+  prompt keys that a KV-eviction policy keeps after prefill stay the ones decode attends to, what does
+  evicting the rest cost the next-token distribution, and does the model still retrieve a passkey?
+- compaction (:mod:`~trajscope.studies.compaction`, ``trajscope study compaction``): is masking compacted
+  turns the same as restarting from the summary?
 
 Serving studies — do serving choices change the activations a dataset is harvested from? Each runs
 the user's own model through the model boundary and returns Polars frames with documented columns

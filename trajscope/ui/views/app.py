@@ -2,8 +2,8 @@
 
 Layout: controls (model, prompt, Generate/Stop, open) on the left; on the right
 the step bar and the token strip, always visible, then the analyses in tabs
-(Overview · Attention · SAE features · Drift · Steering · Eviction · Compaction · Export), all following
-one :class:`~trajscope.ui.state.AppState`. Each instance has its
+(Overview · Attention · SAE features · Drift · Steering, then each registered study's card in its
+``order`` — Eviction, Compaction … — and Export), all following one :class:`~trajscope.ui.state.AppState`. Each instance has its
 own state, so every browser session of ``panel serve`` (and every notebook
 cell) is independent; loaded models are shared through :mod:`trajscope.ui.runner`.
 
@@ -27,9 +27,7 @@ from trajscope.ui.state import AppState
 from trajscope.ui.views._base import StateView, provenance_line
 from trajscope.ui.views.analysis import DriftView, SteeringView
 from trajscope.ui.views.attention import AttentionView
-from trajscope.ui.views.compaction import CompactionView
 from trajscope.ui.views.controls import Controls
-from trajscope.ui.views.eviction import EvictionView
 from trajscope.ui.views.export import ExportView
 from trajscope.ui.views.features import FeaturesView
 from trajscope.ui.views.live import LiveView
@@ -102,14 +100,13 @@ class TrajScope(StateView):
         self.features = FeaturesView(state=self.state)
         self.drift = DriftView(state=self.state)
         self.steering = SteeringView(state=self.state)
-        self.eviction = EvictionView(state=self.state)
-        self.compaction = CompactionView(state=self.state)
         self.live = LiveView(state=self.state)
         # one list of (tab title, view), built once: the core cards, each registered study's card, then Export
         self._cards = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features),
-                       ("Drift", self.drift), ("Steering", self.steering), ("Eviction", self.eviction),
-                       ("Compaction", self.compaction)]
-        self._cards += [(study.tab_title, study.card(self.state)) for study in registered_cards()]
+                       ("Drift", self.drift), ("Steering", self.steering)]
+        # each registered study's card, by study name (app.study_cards["eviction"])
+        self.study_cards = {study.name: study.card(self.state) for study in registered_cards()}
+        self._cards += [(study.tab_title, self.study_cards[study.name]) for study in registered_cards()]
         self._cards.append(("Export", self.export))
         self._provenance = [provenance_line(self.state) for _ in self._cards]  # one per card
         self.controls.on_start.append(self.live.reset)

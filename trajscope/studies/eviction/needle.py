@@ -22,7 +22,9 @@ compressed prompt and whose rest is teacher-forced under the key mask (mean NLL 
 full model's exactly).
 
 Accuracy per policy and budget comes with a Wilson interval (:func:`trajscope.stats.binomial_interval`) over
-prompts, the unit of independence.
+prompts, the unit of independence: :func:`accuracy_table` is the one function that computes it (the
+``needle_summary`` table of the registered ``needle`` study, :mod:`trajscope.studies.eviction`, which the
+report section reads).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import torch
 
 from trajscope.errors import TrajscopeError
 from trajscope.metrics import eviction as ev
-from trajscope.studies import eviction_queries as eq
+from trajscope.studies.eviction import queries as eq
 
 POLICIES = ("snapkv", "pyramidkv", "streamingllm", "lookahead", "pseudo")
 QUESTION = "What is the pass key? Answer with the number only."
@@ -186,3 +188,32 @@ def heldout_perplexity(model: Any, texts: Sequence[Sequence[int]], prompt_len: i
                 rows.append({"run_id": str(i), "policy": policy, "budget": float(budget), "nll": nll(mask),
                              "n_tokens": len(target)})
     return pl.DataFrame(rows)
+
+
+def run(model: Any, prompts: Any, config: Any, progress: Callable[[int, int], None] | None = None,
+        layers: Sequence[int] | None = None) -> Any:
+    """The registered ``needle`` study: build the passkey prompts of a
+    :class:`~trajscope.studies.eviction.config.NeedleConfig` (``prompts`` is not used: the study builds its own),
+    answer them under every policy × budget and the full cache.
+
+    Returns:
+        A :class:`~trajscope.studies.registry.Result` with ``needle_answers`` and ``needle_summary``
+        (:func:`accuracy_table`, the one home of the accuracy and its interval; its rows are the summaries).
+    """
+    import dataclasses
+    import time
+
+    from trajscope.studies.registry import Result
+
+    if layers:
+        raise TrajscopeError("The needle study keeps and scores every layer's prompt keys; leave out --layers.")
+    built = needle_prompts(model, config.n_prompts, config.context, config.depths, seed=config.seed)
+    t0 = time.perf_counter()
+    answers = needle_study(model, built, config.policies, config.budget_values(), window=config.window,
+                           lookahead=config.lookahead, answer_tokens=config.answer_tokens, progress=progress)
+    table = accuracy_table(answers)
+    summaries = {f"{r['policy']}@{r['budget']:g}": {"value": r["accuracy"], "lo": r["lo"], "hi": r["hi"], "n": r["n"]}
+                 for r in table.iter_rows(named=True)}
+    cfg = {**dataclasses.asdict(config), "model": model.describe(), "seconds": round(time.perf_counter() - t0, 1)}
+    return Result(study="needle", tables={"needle_answers": answers, "needle_summary": table}, config=cfg,
+                  summaries=summaries)

@@ -1,37 +1,30 @@
-"""The study report's compaction section: masking vs restart, read from a study's Parquet tables.
+"""The compaction study's report section: masking vs restart, from the study's Result only.
 
-A folder **holds a compaction study** when it has ``compaction_summary.parquet`` (written by
-``trajscope study compaction … --out DIR``, :meth:`trajscope.studies.compaction.CompactionResult.save`),
-usually beside ``compaction_probe``, ``compaction_decode``, ``compaction_attention`` and
-``settings.json``; a ``planted/`` sub-folder with the same files is the planted-signal run.
-
-:func:`section` follows the study-report contract — ``section(study_dir) -> (title, html, figures)``:
+:func:`section` follows the registry's contract — ``section(result) -> (title, html, figures)``:
 an HTML fragment of tables (every number with its 95% interval, the setup, n and the held-out split)
-and a list of Bokeh figures:
+and a list of Bokeh figures, all read from the Result's ``compaction_summary`` (computed once by
+:func:`trajscope.studies.compaction.summary.summarize`), ``compaction_probe`` and config:
 
+- the headline: A (mask) against C (full context) at the deepest layer;
 - per-layer divergence of T3's hidden states, A (mask), B (restart) and D (mask from the summary on,
   the control) each against C (full context): relative L2 and cosine;
 - next-token KL and top-1 agreement for every pair; the greedy continuation's first divergence;
 - attention mass from T3's queries onto the summary, per layer and setup;
 - held-out probe accuracy by layer under each setup against the majority baseline, chance and the
-  shuffled-label control, and the same for the planted run (the check that the probe can see a
-  signal when one is there).
-
-Intervals: the tables' own (percentile bootstrap over sessions, :mod:`trajscope.stats`), and for
-the first-divergence depth a session-level :func:`trajscope.stats.cluster_bootstrap` here.
+  shuffled-label control. A planted-signal run (``--plant-strength``, its own Result, e.g. in a
+  ``planted/`` folder passed to ``trajscope study-report`` beside the real-label run) is titled as the
+  check that the probe can see a signal when one is there.
 """
 
 from __future__ import annotations
-
-import json
-import pathlib
 
 import polars as pl
 
 from trajscope.errors import TrajscopeError
 from trajscope.escaping import html_text
 from trajscope.interval_text import format_interval
-from trajscope.stats import cluster_bootstrap
+from trajscope.studies.compaction.summary import headline
+from trajscope.studies.registry import Result
 
 TITLE = "Context compaction: masking vs restart"
 VS_C = ("A_vs_C", "B_vs_C", "D_vs_C")
@@ -53,33 +46,6 @@ def _table(header: list[str], rows: list[list[str]], cls: str = "compaction") ->
     return f"<div class='scroll'><table class='{cls}'><tr>{head}</tr>{body}</table></div>"
 
 
-def _read(folder: pathlib.Path, name: str) -> pl.DataFrame | None:
-    f = folder / f"compaction_{name}.parquet"
-    if not f.exists():
-        return None
-    try:
-        return pl.read_parquet(f)
-    except Exception as exc:
-        raise TrajscopeError(f"The compaction table '{f}' is unreadable ({type(exc).__name__}).") from exc
-
-
-def load(study_dir: str | pathlib.Path) -> dict:
-    """The study's tables and settings: ``{"summary", "probe", "decode", "sessions", "settings"}`` (None if absent).
-
-    Raises:
-        TrajscopeError: when the folder holds no ``compaction_summary.parquet``.
-    """
-    d = pathlib.Path(study_dir)
-    summary = _read(d, "summary")
-    if summary is None:
-        raise TrajscopeError(f"'{d}' holds no compaction study (no compaction_summary.parquet); run "
-                             "'trajscope study compaction … --out DIR' first.")
-    s = d / "settings.json"
-    settings = json.loads(s.read_text(encoding="utf-8")) if s.exists() else {}
-    return dict(summary=summary, probe=_read(d, "probe"), decode=_read(d, "decode"), sessions=_read(d, "sessions"),
-                settings=settings)
-
-
 def _metric(summary: pl.DataFrame, metric: str) -> pl.DataFrame:
     return summary.filter(pl.col("metric") == metric)
 
@@ -96,21 +62,13 @@ def divergence_by_layer(summary: pl.DataFrame) -> pl.DataFrame:
     return parts[0].join(parts[1].drop("n_sessions"), on=["pair", "layer"], how="left").sort("layer", "pair")
 
 
-def first_divergence(decode: pl.DataFrame | None, n_boot: int = 1000) -> list[dict]:
-    """Per setup (A, B, D vs C's greedy tokens): share of sessions that diverge and mean first divergence.
-
-    The first divergence counts ``n_new`` for a continuation that never leaves C's. Intervals: percentile
-    bootstrap over sessions (:func:`trajscope.stats.cluster_bootstrap`, one value per session).
-    """
-    if decode is None or decode.is_empty():
-        return []
-    out = []
-    for setup, g in decode.group_by("setup", maintain_order=True):
-        fd = g.select(pl.col("first_divergence").fill_null(pl.col("n_new")).cast(pl.Float64))["first_divergence"]
-        div = g["first_divergence"].is_not_null().cast(pl.Float64)
-        out.append(dict(setup=setup[0], diverged=cluster_bootstrap(div.to_numpy(), n_boot=n_boot),
-                        depth=cluster_bootstrap(fd.to_numpy(), n_boot=n_boot), n=g.height, n_new=int(g["n_new"][0])))
-    return sorted(out, key=lambda r: r["setup"])
+def decode_divergence(summary: pl.DataFrame) -> list[dict]:
+    """Per setup (A, B, D vs C's greedy tokens): the summary's rows of the share of sessions that diverge and of
+    the first divergence (``n_new`` = never), each ``{"setup", "diverged", "depth"}`` (rows with estimate, lo,
+    hi, n_sessions); empty without a decode table."""
+    div = {r["pair"]: r for r in _metric(summary, "decode_diverged").iter_rows(named=True)}
+    depth = {r["pair"]: r for r in _metric(summary, "decode_first_divergence").iter_rows(named=True)}
+    return [{"setup": s, "diverged": div[s], "depth": depth.get(s)} for s in sorted(div)]
 
 
 def _split_text(probe: pl.DataFrame | None, sessions: pl.DataFrame | None, settings: dict) -> str:
@@ -149,12 +107,12 @@ def _probe_html(probe: pl.DataFrame | None, label: str) -> str:
                    "shuffled labels (range over setups)", "majority baseline", "1 / classes"], rows)
 
 
-def _figures(tables: dict, planted: dict | None) -> list:
+def _figures(summary: pl.DataFrame, probe: pl.DataFrame | None, label: str) -> list:
     from bokeh.models import ColumnDataSource, HoverTool, Whisker
     from bokeh.plotting import figure
 
     figs = []
-    div = divergence_by_layer(tables["summary"])
+    div = divergence_by_layer(summary)
     if not div.is_empty():
         fig = figure(width=900, height=280, title="Compaction: T3 hidden states vs full context (rel. L2, 95% CI)",
                      x_axis_label="layer (block output)", y_axis_label="‖x − x_C‖ / ‖x_C‖", tools="pan,box_zoom,reset,save")
@@ -168,7 +126,7 @@ def _figures(tables: dict, planted: dict | None) -> list:
         fig.add_tools(HoverTool(tooltips=[("layer", "@layer"), ("rel L2", "@y{0.000} [@lo{0.000}, @hi{0.000}]")]))
         fig.legend.location = "top_left"
         figs.append(fig)
-    att = _metric(tables["summary"], "attention_summary_mass")
+    att = _metric(summary, "attention_summary_mass")
     if not att.is_empty():
         fig = figure(width=900, height=280, title="Compaction: attention mass of T3's queries on the summary (95% CI)",
                      x_axis_label="layer", y_axis_label="mass on summary keys", tools="pan,box_zoom,reset,save")
@@ -181,10 +139,7 @@ def _figures(tables: dict, planted: dict | None) -> list:
         fig.add_tools(HoverTool(tooltips=[("layer", "@layer"), ("mass", "@y{0.000} [@lo{0.000}, @hi{0.000}]")]))
         fig.legend.location = "top_left"
         figs.append(fig)
-    for t, label in ((tables, "real labels"), (planted, "planted fact")):
-        probe = None if t is None else t["probe"]
-        if probe is None or probe.is_empty():
-            continue
+    if probe is not None and not probe.is_empty():
         fig = figure(width=900, height=280, title=f"Compaction probe ({label}): held-out accuracy by layer (95% CI)",
                      x_axis_label="layer", y_axis_label="accuracy", y_range=(0, 1), tools="pan,box_zoom,reset,save")
         same = probe.filter(pl.col("train_setup") == pl.col("test_setup"))
@@ -206,29 +161,46 @@ def _figures(tables: dict, planted: dict | None) -> list:
     return figs
 
 
-def section(study_dir: str | pathlib.Path) -> tuple[str, str, list]:
-    """The compaction section of a study report (contract: ``(title, html_fragment, bokeh_figures)``).
+def _optional(result: Result, name: str) -> pl.DataFrame | None:
+    try:
+        return result.table(name)
+    except TrajscopeError:
+        return None
 
-    Args:
-        study_dir: a folder written by ``trajscope study compaction --out`` (a ``planted/`` sub-folder,
-            when present, is the planted-signal run).
+
+def headline_html(summary: pl.DataFrame) -> str:
+    """The headline sentence: A (mask) vs C (full context) relative L2 at the deepest layer, with its interval."""
+    h = headline(summary)
+    if h is None:
+        return ""
+    return (f"<p class='headline'><b>Divergence of T3's hidden states, A (mask) vs C (full context), block "
+            f"{h['layer']}</b>: rel. L2 {_fmt(h['estimate'], h['lo'], h['hi'])} (n = {h['n_sessions']} sessions).</p>")
+
+
+def section(result: Result) -> tuple[str, str, list]:
+    """The compaction study's report section (contract: ``(title, html_fragment, bokeh_figures)``), from its Result.
+
+    A planted-signal run (``plant_strength`` in its config) is titled as the planted-signal check.
+
     Raises:
-        TrajscopeError: the folder holds no compaction study, or a table is unreadable.
+        TrajscopeError: the Result has no ``compaction_summary``, or a table is unreadable.
     """
-    d = pathlib.Path(study_dir)
-    t = load(d)
-    planted = load(d / "planted") if (d / "planted" / "compaction_summary.parquet").exists() else None
-    st, summary = t["settings"], t["summary"]
-    model = st.get("model", {})
-    parts = [f"<p class='note'>{NOTE}</p>",
+    summary = result.table("compaction_summary")
+    probe, sessions = _optional(result, "compaction_probe"), _optional(result, "compaction_sessions")
+    st = result.config
+    planted = bool(st.get("plant_strength"))
+    model = st.get("model", {}) if isinstance(st.get("model"), dict) else {}
+    parts = [f"<p class='note'>{NOTE}</p>", headline_html(summary),
              f"<p class='note'>Model <code>{html_text(str(model.get('model_id', '?')))}</code> "
              f"({model.get('n_layers', '?')} layers, {html_text(str(model.get('attn_implementation', '?')))} "
-             f"attention). {html_text(_split_text(t['probe'], t['sessions'], st))} Intervals: 95% percentile "
+             f"attention). {html_text(_split_text(probe, sessions, st))} Intervals: 95% percentile "
              "bootstrap over sessions (each session contributes its mean over T3 tokens); probe intervals over "
              "held-out sessions.</p>"]
-    if st.get("plant_strength"):
-        parts.append(f"<p class='note'><b>Planted run</b>: {st['plant_strength']:g} × a per-class direction added to "
-                     f"block {st.get('plant_layer', 0)}'s output at T1's positions.</p>")
+    if planted:
+        parts.append(f"<h3>Planted-signal check ({st['plant_strength']:g} × a class direction at block "
+                     f"{st.get('plant_layer', 0)}, T1 positions)</h3><p class='note'>The probe on a run where the fact "
+                     "is written into T1's residual stream: where it beats the majority baseline under C, the "
+                     "machinery can see a fact that is there.</p>")
     div = divergence_by_layer(summary)
     if not div.is_empty():
         rows = []
@@ -248,12 +220,17 @@ def section(study_dir: str | pathlib.Path) -> tuple[str, str, list]:
                  if r["pair"] in agree else "—", str(r["n_sessions"])] for r in kl.iter_rows(named=True)]
         parts.append("<h3>Next-token distribution over T3 (KL(p_ref ‖ p_x), nats)</h3>"
                      + _table(["x vs ref", "KL", "top-1 agrees", "n sessions"], rows))
-    fd = first_divergence(t["decode"])
+    fd = decode_divergence(summary)
     if fd:
-        rows = [[SETUP_NAMES[r["setup"]], r["diverged"].fmt(unit="session"), r["depth"].fmt(2, unit="session"),
-                 str(r["n"])] for r in fd]
-        parts.append(f"<h3>Greedy continuation ({fd[0]['n_new']} tokens after T3) vs C's</h3>"
-                     + _table(["setup", "share of sessions that diverge", f"first divergence (index; {fd[0]['n_new']} "
+        n_new = st.get("max_new_tokens", "n_new")
+
+        def iv(r, digits=3):
+            return "—" if r is None else _fmt(r["estimate"], r["lo"], r["hi"], digits)
+
+        rows = [[SETUP_NAMES[r["setup"]], iv(r["diverged"]), iv(r["depth"], 2), str(r["diverged"]["n_sessions"])]
+                for r in fd]
+        parts.append(f"<h3>Greedy continuation ({n_new} tokens after T3) vs C's</h3>"
+                     + _table(["setup", "share of sessions that diverge", f"first divergence (index; {n_new} "
                                "= never)", "n sessions"], rows))
     att = _metric(summary, "attention_summary_mass")
     if att.is_empty():
@@ -271,15 +248,6 @@ def section(study_dir: str | pathlib.Path) -> tuple[str, str, list]:
         parts.append("<h3>Attention mass of T3's queries on the summary's keys (mean over heads)</h3>" + _table(
             ["layer", "A (mask)", "B (restart)", "C (full)", "D (mask early)", "A, most summary-reading head"], rows))
     parts.append("<h3>Probe: the masked fact read from T3's last hidden state (held-out accuracy)</h3>"
-                 + _probe_html(t["probe"], "Real labels"))
-    if planted is not None:
-        ps = planted["settings"]
-        parts.append(f"<h3>Planted-signal check ({ps.get('plant_strength', 0):g} × a class direction at block "
-                     f"{ps.get('plant_layer', 0)}, T1 positions)</h3><p class='note'>The same probe on a run where "
-                     "the fact is written into T1's residual stream: where it beats the majority baseline under C, "
-                     "the machinery can see a fact that is there. "
-                     f"{html_text(_split_text(planted['probe'], planted['sessions'], ps))}</p>"
-                     + _probe_html(planted["probe"], "Planted"))
-    else:
-        parts.append("<p class='note'>No planted-signal run beside this study (<code>planted/</code>).</p>")
-    return TITLE, "\n".join(parts), _figures(t, planted)
+                 + _probe_html(probe, "Planted" if planted else "Real labels"))
+    return TITLE + (" (planted signal)" if planted else ""), "\n".join(p for p in parts if p), _figures(
+        summary, probe, "planted fact" if planted else "real labels")

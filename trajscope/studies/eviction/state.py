@@ -2,11 +2,12 @@
 
 :class:`EvictionSettings` holds the choice the card offers for the run on screen (one policy
 of :data:`trajscope.metrics.eviction.POLICIES`, a budget as a fraction of the prompt, the
-observation / recent window of the policies that have one), the
-:class:`~trajscope.studies.eviction.EvictionResult` of the last study, and the one-line summary.
+observation / recent window of the policies that have one), the study's
+:class:`~trajscope.studies.registry.Result` of the last run, and the one-line summary read from it.
 :meth:`EvictionSettings.check` turns a bad budget or window into one sentence before any model
-work; :func:`run_study` runs :func:`trajscope.studies.eviction.eviction` on a trajectory's prompt
-(pure with respect to the app: safe off the event loop).
+work; :func:`run_study` runs the registered study's run function
+(:func:`trajscope.studies.eviction.run`) on a trajectory's prompt (pure with respect to the app:
+safe off the event loop).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import param
 
 from trajscope.errors import TrajscopeError
 from trajscope.metrics.eviction import POLICIES
-from trajscope.studies.eviction import EvictionResult
+from trajscope.studies.registry import Result
 
 NO_WINDOW = ("streamingllm",)  # sinks + recent tokens: no observation window
 LABELS = {"snapkv": "SnapKV", "h2o": "H2O", "streamingllm": "StreamingLLM", "pyramidkv": "PyramidKV",
@@ -46,8 +47,8 @@ class EvictionSettings(param.Parameterized):
                            doc="Observation / recent window w (prompt positions); StreamingLLM has none.")
     busy = param.Boolean(default=False, doc="A study is running.")
     status = param.String(default="", doc="Progress / result line, or the one error sentence.")
-    result = param.ClassSelector(class_=EvictionResult, allow_None=True,
-                                 doc="The study's tables for this run's prompt (None before a run).")
+    result = param.ClassSelector(class_=Result, allow_None=True,
+                                 doc="The study's Result for this run's prompt (None before a run).")
     summary = param.String(default="", doc="One-line summary of the result.")
 
     def has_window(self) -> bool:
@@ -69,7 +70,7 @@ class EvictionSettings(param.Parameterized):
         self.param.update(result=None, summary="", status="")
 
 
-def run_study(model, traj, policy: str, budget: float, window: int) -> EvictionResult:
+def run_study(model, traj, policy: str, budget: float, window: int) -> Result:
     """The eviction study on ``traj``'s prompt tokens, for as many decode steps as ``traj`` generated.
 
     The study captures its own greedy full run (every layer's attention) and the masked re-runs;
@@ -78,7 +79,8 @@ def run_study(model, traj, policy: str, budget: float, window: int) -> EvictionR
     Raises:
         TrajscopeError: a model other than the run's, or the study's own errors (one sentence).
     """
-    from trajscope.studies.eviction import eviction
+    from trajscope.studies.eviction.config import EvictionConfig
+    from trajscope.studies.eviction.engine import run
 
     run_model = traj.meta.get("model", {}).get("model_id")
     if run_model is not None and run_model != model.model_id:
@@ -88,5 +90,6 @@ def run_study(model, traj, policy: str, budget: float, window: int) -> EvictionR
     n_new = len(traj.token_ids) - P
     if n_new < 2:
         raise TrajscopeError("The eviction study needs a run with at least 2 generated tokens.")
-    return eviction(model, [{"prompt": list(traj.token_ids[:P]), "id": traj.run_id}], policies=[policy],
-                    budgets=[float(budget)], max_new_tokens=n_new, window=min(window, P) if policy in NO_WINDOW else window)
+    config = EvictionConfig(policies=(policy,), budgets=(float(budget),), max_new_tokens=n_new,
+                            window=min(window, P) if policy in NO_WINDOW else window)
+    return run(model, [(traj.run_id, list(traj.token_ids[:P]))], config)

@@ -1,9 +1,10 @@
-"""Compaction card: one compacted session run with T1/T2 masked (A), restarted (B) and in full (C).
+"""Compaction card (the app's Compaction tab, registered by :mod:`trajscope.studies.compaction`): one compacted
+session run with T1/T2 masked (A), restarted (B) and in full (C).
 
 The card shows a session ``<sys> <T1> <T2> <summary> <T3>`` — a synthetic one from the study's
 generator by default (a 4-digit number only T1 states; **New synthetic** picks another), or one
 typed into the five fields — and **Run** measures it with the app's model through the study's
-own per-session path (:func:`trajscope.ui.compaction_state.run_session`), off the event loop:
+own run on that one session (:func:`trajscope.studies.compaction.state.run_session`, a Result), off the event loop:
 the three setups' greedy continuations after T3 side by side (and the control D), the per-layer
 divergence of T3's hidden states from C, the attention mass of T3's queries on the summary, and
 the probe's held-out accuracy by layer read from the shipped study of the same model. Only
@@ -20,8 +21,8 @@ import param
 
 from trajscope.errors import TrajscopeError
 from trajscope.escaping import html_text, md_text
-from trajscope.ui import compaction_plots as cp
-from trajscope.ui.compaction_state import CompactionSettings, run_session, summary_line
+from trajscope.studies.compaction import plots as cp
+from trajscope.studies.compaction.state import CompactionSettings, run_session, summary_line
 from trajscope.ui.views._base import StateView, any_of, in_background
 
 NOTE = ("A masks T1 and T2 from T3's first query on through the model's key mask (the summary's states, computed "

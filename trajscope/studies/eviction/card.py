@@ -1,10 +1,11 @@
-"""Eviction card: what a KV-cache eviction policy's choice of prompt keys costs this run's decode.
+"""Eviction card (the app's Eviction tab, registered by :mod:`trajscope.studies.eviction`): what a KV-cache
+eviction policy's choice of prompt keys costs this run's decode.
 
 For the run on screen, pick a policy (SnapKV, H2O, StreamingLLM, PyramidKV, lookahead,
 pseudo queries, oracle), a budget (fraction of the prompt kept per head) and, where the
-policy has one, the observation / recent window; **Run** runs the eviction study
-(:func:`trajscope.studies.eviction.eviction`) on this run's prompt with the app's model,
-off the event loop. The card then shows which prompt positions each layer and head keeps,
+policy has one, the observation / recent window; **Run** runs the registered study's run
+function on this run's prompt with the app's model, off the event loop, and the card reads
+the :class:`~trajscope.studies.registry.Result` it returns (its summaries for the headline line). The card then shows which prompt positions each layer and head keeps,
 per decode step the recall of the decode-time top attended prompt keys in the kept set and
 the attention mass on evicted keys, and the real masked re-run's KL and greedy token
 agreement against the full cache, with the app's step as a red line. The study has no
@@ -19,8 +20,8 @@ import panel as pn
 import param
 
 from trajscope.escaping import html_text, md_text
-from trajscope.ui import eviction_plots as ep
-from trajscope.ui.eviction_state import LABELS, EvictionSettings, run_study
+from trajscope.studies.eviction import plots as ep
+from trajscope.studies.eviction.state import LABELS, EvictionSettings, run_study
 from trajscope.ui.views._base import StateView, any_of, in_background
 from trajscope.ui.views._cursor import Cursor, vline
 

@@ -1,8 +1,8 @@
 """Settings and result of the app's Compaction card, as a ``param`` object (no Panel here).
 
 The card runs one compacted session ``<sys> <T1> <T2> <summary> <T3>`` three ways (and the
-control D) through :func:`trajscope.studies.compaction.measure_session` — exactly what the
-study does per session: **A** masks T1/T2 from T3's first query on (the summary's states are
+control D) through the study's own :func:`~trajscope.studies.compaction.study.compaction` on that one
+session — exactly what the study does, returning the study's :class:`~trajscope.studies.registry.Result`: **A** masks T1/T2 from T3's first query on (the summary's states are
 kept), **B** restarts from ``<sys> <summary> <T3>``, **C** keeps everything. It shows the three
 setups' greedy continuations after T3 side by side, the per-layer divergence of T3's hidden
 states from C, the attention mass of T3's queries on the summary, and — from the *shipped* study
@@ -11,14 +11,14 @@ by layer.
 
 :class:`CompactionSettings` holds the five segment texts (a synthetic session by default,
 :meth:`CompactionSettings.use_synthetic`), the number of greedy tokens, the
-:class:`CardResult` of the last run and the one-line summary. :func:`run_session` is pure with
-respect to the app (safe off the event loop).
+:class:`CardResult` of the last run (that Result, the session and the shipped probe) and the one-line
+summary, which reads the Result's summary rows (:func:`summary_line`). :func:`run_session` is pure
+with respect to the app (safe off the event loop).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Any
 
@@ -26,6 +26,7 @@ import param
 import polars as pl
 
 from trajscope.errors import TrajscopeError
+from trajscope.studies.registry import Result
 from trajscope.studies.sessions import SEGMENTS, Session, synthetic_sessions
 
 SETUP_LABELS = {"A": "A · mask T1/T2 (summary states kept)", "B": "B · restart from <sys> <summary>",
@@ -45,38 +46,59 @@ class CardResult:
 
     Attributes:
         session: the session that ran.
-        continuations: ``{setup: greedy text after T3}`` for A, B, C and D.
-        first_divergence: ``{setup: index where the continuation leaves C's, or None}`` for A, B, D.
-        states, next_token, attention: the session's ``compaction_states`` / ``_next_token`` /
-            ``_attention`` rows (:mod:`trajscope.studies.compaction`).
+        result: the compaction study's Result of that one session (no probe).
         probe: the shipped study's ``compaction_probe`` table for this model, or None.
         probe_note: where the probe table comes from (or why there is none).
         n_new: greedy tokens per setup.
     """
 
     session: Session
-    continuations: dict[str, str]
-    first_divergence: dict[str, int | None]
-    states: pl.DataFrame
-    next_token: pl.DataFrame
-    attention: pl.DataFrame
+    result: Result
     probe: pl.DataFrame | None
     probe_note: str
     n_new: int
+
+    @property
+    def summary(self) -> pl.DataFrame:
+        """The Result's ``compaction_summary`` (one session: no intervals)."""
+        return self.result.table("compaction_summary")
+
+    @property
+    def states(self) -> pl.DataFrame:
+        return self.result.table("compaction_states")
+
+    @property
+    def attention(self) -> pl.DataFrame:
+        return self.result.table("compaction_attention")
+
+    @property
+    def continuations(self) -> dict[str, str]:
+        """``{setup: greedy text after T3}`` for A, B, C and D (the decode table's rows)."""
+        dec = self.result.table("compaction_decode")
+        out = dict(zip(dec["setup"].to_list(), dec["text"].to_list()))
+        out["C"] = dec["text_full"][0] if dec.height else ""
+        return out
+
+    @property
+    def first_divergence(self) -> dict[str, int | None]:
+        """``{setup: index where the continuation leaves C's, or None}`` for A, B and D."""
+        dec = self.result.table("compaction_decode")
+        return dict(zip(dec["setup"].to_list(), dec["first_divergence"].to_list()))
 
 
 def shipped_probe(model_id: str, study_dir: pathlib.Path | None = None) -> tuple[pl.DataFrame | None, str]:
     """The shipped study's probe table when it was run on ``model_id``; else ``(None, the reason)``."""
     d = shipped_study_dir() if study_dir is None else pathlib.Path(study_dir)
-    f, s = d / "compaction_probe.parquet", d / "settings.json"
-    if not f.exists() or not s.exists():
+    shipped = Result.load(d, "compaction")
+    try:
+        probe = shipped.table("compaction_probe")
+    except TrajscopeError:
         return None, f"No probe table: no compaction study at {d}."
-    settings = json.loads(s.read_text(encoding="utf-8"))
+    settings = shipped.config
     ran_on = settings.get("model", {}).get("model_id")
     if ran_on != model_id:
         return None, (f"No probe table for '{model_id}': the shipped study ran on '{ran_on}' (run 'trajscope study "
                       "compaction' on this model for one).")
-    probe = pl.read_parquet(f)
     r = probe.row(0, named=True) if probe.height else {}
     return probe, (f"Probe from the shipped study ({settings.get('n_sessions')} synthetic sessions of '{ran_on}': "
                    f"fitted on {r.get('n_train')}, scored on {r.get('n_test')} held-out sessions; 95% bootstrap "
@@ -84,7 +106,8 @@ def shipped_probe(model_id: str, study_dir: pathlib.Path | None = None) -> tuple
 
 
 def run_session(model: Any, session: Session, max_new_tokens: int, study_dir: pathlib.Path | None = None) -> CardResult:
-    """Every setup of one session through the study's own per-session path; the shipped probe beside it.
+    """Every setup of one session through the study's own run (:func:`~trajscope.studies.compaction.study.compaction`
+    on that session, no probe); the shipped probe beside it.
 
     Args:
         model: a local :class:`~trajscope.model.ModelHandle` (key masks do not run on NDIF).
@@ -93,40 +116,38 @@ def run_session(model: Any, session: Session, max_new_tokens: int, study_dir: pa
     Raises:
         TrajscopeError: a remote model, too few tokens, or the session's own errors (one sentence).
     """
-    from trajscope.studies.compaction import measure_session
-    from trajscope.studies.sessions import tokenize_session
+    from trajscope.studies.compaction.study import compaction
 
     if model.remote is True:
         raise TrajscopeError("The compaction card needs key masks, which run on a local model only.")
     if max_new_tokens < 1:
         raise TrajscopeError(f"Ask for at least 1 new token after T3, not {max_new_tokens}.")
-    tok = tokenize_session(model, session, max_new_tokens)
-    layers = list(range(model.n_layers))
-    states, kls, decode, _, att = measure_session(model, tok, layers, max_new_tokens=max_new_tokens)
-    cont = {r["setup"]: r["text"] for r in decode}
-    cont["C"] = decode[0]["text_full"]
-    first = {r["setup"]: r["first_divergence"] for r in decode}
+    result = compaction(model, [session], max_new_tokens=max_new_tokens, probe=False)
     probe, note = shipped_probe(model.model_id, study_dir)
-    return CardResult(session, cont, first, states, kls, att, probe, note, max_new_tokens)
+    return CardResult(session, result, probe, note, max_new_tokens)
 
 
 def summary_line(res: CardResult) -> str:
-    """One sentence: where A, B and D leave C's continuation, and the last layer's divergence and summary mass."""
-    last = res.states["layer"].max()
-    rel = res.states.filter((pl.col("layer") == last) & pl.col("pair").is_in(["A_vs_C", "B_vs_C"])).group_by(
-        "pair").agg(pl.col("rel_l2").mean())
-    rel = dict(zip(rel["pair"], rel["rel_l2"]))
-    att = res.attention.filter(pl.col("layer") == last).group_by("setup").agg(pl.col("summary_mass").mean())
-    att = dict(zip(att["setup"], att["summary_mass"]))
+    """One sentence: where A, B and D leave C's continuation, then the Result's headline (A vs C rel. L2 at the
+    deepest block), B's rel. L2 and the attention on the summary at that block — rows of its summary, read."""
+    from trajscope.studies.compaction.summary import headline
+
+    summ = res.summary
+    head = headline(summ)
+    last = head["layer"]
+
+    def row(metric: str, pair: str) -> float:
+        r = summ.filter((pl.col("metric") == metric) & (pl.col("pair") == pair) & (pl.col("layer") == last))
+        return r["estimate"][0] if r.height else float("nan")
 
     def fd(s: str) -> str:
         v = res.first_divergence.get(s)
         return "never leaves C's" if v is None else f"leaves C's at token {v}"
 
+    att = {s: row("attention_summary_mass", s) for s in ("A", "B", "C")}
     return (f"Session {res.session.session_id}: over {res.n_new} greedy tokens, A {fd('A')}, B {fd('B')}, D {fd('D')}. "
-            f"Block {last}: rel. L2 to C {rel.get('A_vs_C', float('nan')):.3f} (A) and {rel.get('B_vs_C', float('nan')):.3f} "
-            f"(B); attention on the summary {att.get('A', float('nan')):.3f} (A), {att.get('B', float('nan')):.3f} (B), "
-            f"{att.get('C', float('nan')):.3f} (C). One session: no interval.")
+            f"Block {last}: rel. L2 to C {head['estimate']:.3f} (A) and {row('rel_l2', 'B_vs_C'):.3f} (B); attention "
+            f"on the summary {att['A']:.3f} (A), {att['B']:.3f} (B), {att['C']:.3f} (C). One session: no interval.")
 
 
 class CompactionSettings(param.Parameterized):

@@ -1,16 +1,17 @@
 """The comparison report's eviction section: what KV-cache eviction policies cost each run's decode.
 
-**A run has an eviction study** when its run directory holds ``eviction/eviction_steps.parquet``
-(and usually ``eviction_rerun.parquet`` and ``eviction_kept.parquet``), the tables of
-:func:`trajscope.studies.eviction.eviction` on that run's prompt. ``trajscope eviction --runs
-RUN_DIR …`` writes them there (``EvictionResult.save(run_dir / "eviction")``). Runs given as
-in-memory trajectories, or whose directory has no such folder, contribute nothing; when no run
-has one, the report has no eviction section.
+**A run has an eviction study** when its run directory holds ``eviction/``, the eviction study's
+:class:`~trajscope.studies.registry.Result` on that run's prompt. ``trajscope eviction --runs
+RUN_DIR …`` writes it there (:mod:`trajscope.studies.eviction.cli`). Runs given as in-memory
+trajectories, or whose directory has no such folder, contribute nothing; when no run has one, the
+report has no eviction section.
 
-The section shows, per run, policy, budget and decode-depth band, the mean recall@k of the
-decode-time top attended prompt keys in the kept set, the attention mass on evicted prompt keys,
-the masked re-run's KL to the full cache (teacher-forced) and its greedy token agreement
-(free-running); and, per decode step, curves of recall and KL, one line per run × policy × budget.
+The section shows, per run, policy, budget and decode-depth band (and ``all`` decode steps), the
+rows of the run's ``eviction_summary`` table — read, not recomputed
+(:func:`trajscope.studies.eviction.summary.summarize` made them) — recall@k of the decode-time top
+attended prompt keys in the kept set, the attention mass on evicted prompt keys, the masked
+re-run's KL to the full cache (teacher-forced) and its greedy token agreement (free-running); and,
+per decode step, curves of recall and KL (mean over layers and heads), one line per run × policy × budget.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import polars as pl
 
 from trajscope.errors import TrajscopeError
 from trajscope.escaping import html_text
-from trajscope.metrics.bands import depth_band_expr, sort_bands
+from trajscope.studies.eviction.summary import RERUN_SCHEMA, summarize
 
 EVICTION_DIR = "eviction"
 MAX_LINES = 12
-NOTE = ("Eviction study of each run's prompt (<code>trajscope eviction --runs</code>): per policy and budget (kept prompt "
-        "positions per head, as a fraction of the prompt), recall@k = share of a decode step's top-k attended prompt "
-        "positions that were kept; evicted mass = the step's attention on evicted prompt keys; KL = KL(p_full ‖ "
+NOTE = ("Eviction study of each run's prompt (<code>trajscope eviction --runs</code>): rows of the study's summary per policy and "
+        "budget (kept prompt positions per head, as a fraction of the prompt); recall@k = share of a decode step's "
+        "top-k attended prompt positions that were kept; evicted mass = the step's attention on evicted prompt keys; KL = KL(p_full ‖ "
         "p_masked) of the next-token distribution, teacher-forced; token agreement = the free-running masked run's "
         "greedy token equals the full run's. Means over layers, heads and the decode steps of each depth band.")
 
@@ -58,10 +59,11 @@ def eviction_tables(runs: Sequence, paths: Sequence[str | None]) -> dict[str, pl
         paths: each run's directory, or None (then the run has no eviction study).
     Returns:
         ``{}`` when no run has one; else ``eviction_by_depth`` (run_id, policy, budget, depth_band,
-        recall_at_k, evicted_mass, kl_to_full, token_agreement, n_steps) and ``eviction_by_step``
-        (run_id, policy, budget, step, recall_at_k, evicted_mass, kl_to_full, token_agrees).
+        recall_at_k, evicted_mass, kl_to_full, token_agreement: the run's ``eviction_summary`` rows)
+        and ``eviction_by_step`` (run_id, policy, budget, step, recall_at_k, evicted_mass, kl_to_full,
+        token_agrees).
     """
-    steps, reruns = [], []
+    steps, reruns, depth = [], [], []
     for t, path in zip(runs, paths):
         if path is None:
             continue
@@ -73,6 +75,10 @@ def eviction_tables(runs: Sequence, paths: Sequence[str | None]) -> dict[str, pl
         rr = _read(folder, "eviction_rerun", t.run_id)
         if rr is not None:
             reruns.append(rr)
+        summ = _read(folder, "eviction_summary", t.run_id)
+        if summ is None:  # a folder written before the summary was saved beside the tables
+            summ = summarize(st, rr if rr is not None else pl.DataFrame(schema=RERUN_SCHEMA)).with_columns(pl.lit(t.run_id).alias("run_id"))
+        depth.append(summ)
     if not steps:
         return {}
     keys = ["run_id", "policy", "budget"]
@@ -86,12 +92,8 @@ def eviction_tables(runs: Sequence, paths: Sequence[str | None]) -> dict[str, pl
         by_step = by_step.with_columns(pl.lit(None, pl.Float64).alias("kl_to_full"),
                                        pl.lit(None, pl.Boolean).alias("token_agrees"))
     by_step = by_step.sort(*keys, "step")
-    band = depth_band_expr(pl.col("step")).alias("depth_band")
-    by_depth = (by_step.with_columns(band).group_by(*keys, "depth_band")
-                .agg(pl.col("recall_at_k", "evicted_mass", "kl_to_full").mean(),
-                     pl.col("token_agrees").cast(pl.Float64).mean().alias("token_agreement"),
-                     pl.len().alias("n_steps")))
-    by_depth = sort_bands(by_depth, *keys, "depth_band")
+    by_depth = pl.concat(depth, how="diagonal_relaxed").select(
+        *keys, "depth_band", "recall_at_k", "evicted_mass", "kl_to_full", "token_agreement")
     return {"eviction_by_depth": by_depth, "eviction_by_step": by_step}
 
 

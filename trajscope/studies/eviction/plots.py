@@ -7,7 +7,8 @@
   used that the evicted cache cannot give);
 - :func:`rerun_plot` — the masked re-run against the full cache per step: KL of the next-token
   distributions (teacher-forced) and greedy token agreement (free-running);
-- :func:`summary_line` — one sentence of means, with the study's interval when it has one.
+- :func:`summary_line` — one sentence of the Result's headline numbers (its summaries, computed once by
+  :func:`trajscope.studies.eviction.summary.summarize`), with their intervals when there are any.
 
 Every value is drawn at x = the step that computed it (:mod:`trajscope.positions`).
 """
@@ -20,17 +21,20 @@ import polars as pl
 
 from trajscope import positions
 from trajscope.interval_text import format_interval
-from trajscope.studies.eviction import EvictionResult, first_divergence
+from trajscope.studies.eviction.engine import first_divergence
+from trajscope.studies.eviction.summary import key
+from trajscope.studies.registry import Result
 from trajscope.ui.plots import visible
 
 KEPT, EVICTED = "#1f77b4", "#e5e5e5"
 
 
-def _tag(res: EvictionResult) -> str:
-    return f"{res.kept['policy'][0]}, budget {res.kept['budget'][0]:g}"
+def _tag(res: Result) -> str:
+    kept = res.table("eviction_kept")
+    return f"{kept['policy'][0]}, budget {kept['budget'][0]:g}"
 
 
-def kept_heatmap(res: EvictionResult, tokens: pl.DataFrame, prompt_len: int) -> hv.Rectangles:
+def kept_heatmap(res: Result, tokens: pl.DataFrame, prompt_len: int) -> hv.Rectangles:
     """Kept (blue) and evicted (grey) prompt positions, one row per layer and head.
 
     Args:
@@ -43,14 +47,15 @@ def kept_heatmap(res: EvictionResult, tokens: pl.DataFrame, prompt_len: int) -> 
     P = prompt_len
     text = dict(zip(tokens["pos"].to_list(), tokens["text"].to_list()))
     rows, labels = [], []
-    for i, r in enumerate(res.kept.sort("layer", "head").iter_rows(named=True)):
+    kept_table = res.table("eviction_kept")
+    for i, r in enumerate(kept_table.sort("layer", "head").iter_rows(named=True)):
         kept = set(r["kept_pos"])
         labels.append((i, f"L{r['layer']} H{r['head']}"))
         rows += [(pos - 0.5, i - 0.5, pos + 0.5, i + 0.5, pos, labels[-1][1], "kept" if pos in kept else "evicted",
                   visible(text.get(pos)), positions.phase(pos, P)) for pos in range(P)]
     cols = ["x0", "y0", "x1", "y1", "pos", "head", "key", "token", "phase"]
     data = {c: [row[j] for row in rows] for j, c in enumerate(cols)}
-    per_head = res.kept["kept_pos"].list.len().mean()
+    per_head = kept_table["kept_pos"].list.len().mean()
     step = max(1, len(labels) // 24)
     return hv.Rectangles(data, ["x0", "y0", "x1", "y1"], cols[4:]).opts(
         color=hv.dim("key").categorize({"kept": KEPT, "evicted": EVICTED}), line_color="white", line_width=0.5,
@@ -79,7 +84,7 @@ def _with_tokens(df: pl.DataFrame, toks: pl.DataFrame | None) -> pl.DataFrame:
     return df.join(toks, on="step", how="left").with_columns(pl.col("token").fill_null("—")).sort("step")
 
 
-def step_costs_plot(res: EvictionResult, tokens: pl.DataFrame | None, prompt_len: int) -> hv.Overlay:
+def step_costs_plot(res: Result, tokens: pl.DataFrame | None, prompt_len: int) -> hv.Overlay:
     """Per decode step, mean over layers and heads: recall@k of the top attended prompt keys and evicted mass.
 
     Args:
@@ -87,8 +92,8 @@ def step_costs_plot(res: EvictionResult, tokens: pl.DataFrame | None, prompt_len
         tokens: the full run's tokens (query token text in the hover), or None.
         prompt_len: P.
     """
-    k = res.settings.get("k", 8)
-    per = res.steps.group_by("step").agg(pl.col("recall_at_k").mean().cast(pl.Float64).alias("recall"),
+    k = res.config.get("k", 8)
+    per = res.table("eviction_steps").group_by("step").agg(pl.col("recall_at_k").mean().cast(pl.Float64).alias("recall"),
                                          pl.col("evicted_mass").mean().cast(pl.Float64).alias("evicted"))
     per = _with_tokens(per.with_columns(pl.col("step").cast(pl.Int32)), _step_tokens(tokens, prompt_len)).to_pandas()
     hover = [("step", "@step{0}"), ("query token", "@token")]
@@ -102,13 +107,13 @@ def step_costs_plot(res: EvictionResult, tokens: pl.DataFrame | None, prompt_len
         show_grid=True)
 
 
-def rerun_plot(res: EvictionResult, tokens: pl.DataFrame | None, prompt_len: int) -> hv.Overlay:
+def rerun_plot(res: Result, tokens: pl.DataFrame | None, prompt_len: int) -> hv.Overlay:
     """The masked re-run against the full cache, per decode step: KL (teacher-forced) and token agreement.
 
     Token agreement is drawn as markers at y = 0 where the free-running masked run's greedy token
     differs from the full run's; the dotted line is the first divergence.
     """
-    rr = res.rerun.filter(pl.col("step") >= 1).with_columns(pl.col("step").cast(pl.Int32))
+    rr = res.table("eviction_rerun").filter(pl.col("step") >= 1).with_columns(pl.col("step").cast(pl.Int32))
     rr = _with_tokens(rr.with_columns(pl.col("token_agrees").cast(pl.Int8).alias("agrees")),
                       _step_tokens(tokens, prompt_len))
     hover = [("step", "@step{0}"), ("query token", "@token")]
@@ -118,7 +123,7 @@ def rerun_plot(res: EvictionResult, tokens: pl.DataFrame | None, prompt_len: int
     diff = rr.filter(pl.col("agrees") == 0).with_columns(pl.lit(0.0).alias("y"))
     pts = hv.Scatter(diff.to_pandas(), "step", ["y", "token"], label="greedy token differs (free-running)").opts(
         color="#d62728", marker="x", size=8, tools=["hover"], hover_tooltips=hover)
-    first = first_divergence(res.rerun.filter(pl.col("step") >= 1))["first_divergence"][0]
+    first = first_divergence(res.table("eviction_rerun").filter(pl.col("step") >= 1))["first_divergence"][0]
     parts = [kl, pts]
     if first is not None:
         parts.append(hv.VLine(float(first), label="first divergence").opts(color="#d62728", line_dash="dotted"))
@@ -130,36 +135,29 @@ def rerun_plot(res: EvictionResult, tokens: pl.DataFrame | None, prompt_len: int
         show_grid=True)
 
 
-def _fmt(v, lo=None, hi=None) -> str:
-    return format_interval(v, lo, hi)  # the summary sentence says "one prompt" itself
+def summary_line(res: Result, prompt_len: int) -> str:
+    """One sentence from the Result: kept positions, then recall@k, evicted mass, KL and token agreement over every
+    decode step — the Result's summaries (the ``all`` rows of its ``eviction_summary``), read, not recomputed.
 
-
-def summary_line(res: EvictionResult, prompt_len: int) -> str:
-    """One sentence: kept positions, mean recall@k, evicted mass, KL and token agreement over decode steps.
-
-    Means are over every decode step (and layer and head); an interval is added when the study's
-    prompt-clustered :meth:`~trajscope.studies.eviction.EvictionResult.summary` gives one over the
-    whole run (several prompts); with one prompt it cannot, and the sentence says so.
+    Intervals are prompt-clustered; with one prompt there is none, and the sentence says so.
     """
-    k = res.settings.get("k", 8)
-    n_prompts = res.kept["run_id"].n_unique()
-    iv: dict[str, tuple] = {}
-    if n_prompts > 1:
-        from trajscope.stats import bootstrap_frame
+    kept = res.table("eviction_kept")
+    policy, budget = kept["policy"][0], kept["budget"][0]
+    head = res.summaries[key(policy, budget)]
+    n = head["n_prompts"]
 
-        for df, col in ((res.steps, "recall_at_k"), (res.steps, "evicted_mass"), (res.rerun, "kl_to_full")):
-            row = bootstrap_frame(df.filter(pl.col("step") >= 1), col, (), "run_id").row(0, named=True)
-            iv[col] = (row[f"{col}_lo"], row[f"{col}_hi"])
-    mean = {c: res.steps[c].mean() for c in ("recall_at_k", "evicted_mass")}
-    rr = res.rerun.filter(pl.col("step") >= 1)
-    parts = [f"{_tag(res)}: keeps {res.kept['kept_pos'].list.len().mean():.1f} of {prompt_len} prompt positions per head",
-             f"recall@{k} {_fmt(mean['recall_at_k'], *iv.get('recall_at_k', (None, None)))}",
-             f"evicted mass {_fmt(mean['evicted_mass'], *iv.get('evicted_mass', (None, None)))}"]
+    def fmt(metric: str, digits: int = 3) -> str:
+        m = head[metric]
+        return format_interval(m["value"], m["lo"], m["hi"], digits, n_clusters=n)
+
+    parts = [f"{_tag(res)}: keeps {kept['kept_pos'].list.len().mean():.1f} of {prompt_len} prompt positions per head",
+             f"recall@{res.config.get('k', 8)} {fmt('recall_at_k')}", f"evicted mass {fmt('evicted_mass')}"]
+    rr = res.table("eviction_rerun").filter(pl.col("step") >= 1)
     if rr.height:
         first = first_divergence(rr)["first_divergence"][0]
-        parts += [f"KL {_fmt(rr['kl_to_full'].mean(), *iv.get('kl_to_full', (None, None)))} nats",
-                  f"token agreement {rr['token_agrees'].cast(pl.Float64).mean():.0%}",
+        parts += [f"KL {fmt('kl_to_full')} nats", f"token agreement {fmt('token_agreement')}",
                   f"first divergence at step {first}" if first is not None else "no divergence"]
-    tail = f" (over {rr.height or res.steps['step'].n_unique()} decode steps"
-    tail += "; one prompt, so no prompt-clustered interval)" if n_prompts == 1 else ", 95% prompt-clustered intervals)"
+    steps = rr.height or res.table("eviction_steps")["step"].n_unique()
+    tail = f" (over {steps} decode steps"
+    tail += "; one prompt, so no prompt-clustered interval)" if n == 1 else ", 95% prompt-clustered intervals)"
     return "; ".join(parts) + tail + "."

@@ -6,7 +6,7 @@ For every prompt, :func:`eviction`:
 2. scores prompt keys with each policy of :mod:`trajscope.metrics.eviction` — SnapKV, H2O,
    StreamingLLM and PyramidKV from the prefill attention; ``lookahead`` as LAQ does, per budget:
    the window's queries plus those of a greedy ``m``-token draft made on the SnapKV-compressed
-   cache (:mod:`trajscope.studies.eviction_queries`); ``pseudo`` from the last ``m`` prompt tokens
+   cache (:mod:`trajscope.studies.eviction.queries`); ``pseudo`` from the last ``m`` prompt tokens
    placed again at positions ``P … P+m−1`` (one forward, their rows over the prompt keys);
    ``oracle`` from the real decode queries of steps 1..m — and keeps each budget's top prompt
    positions;
@@ -29,16 +29,17 @@ Two token agreements, because they answer two questions:
   context, so one divergence does not spill into later steps: the share of steps whose greedy
   token the eviction changes.
 
-Tables (schema-stamped Parquet when saved): ``eviction_kept`` (run_id, policy, budget, layer,
-head, kept_pos), ``eviction_steps`` (run_id, policy, budget, step, layer, head, recall_at_k,
-evicted_mass) and ``eviction_rerun`` (run_id, policy, budget, step, kl_to_full, token_agrees,
-forced_agrees).
+Tables of the :class:`~trajscope.studies.registry.Result` (Parquet when saved): ``eviction_kept`` (run_id,
+policy, budget, layer, head, kept_pos), ``eviction_steps`` (run_id, policy, budget, step, layer, head,
+recall_at_k, evicted_mass), ``eviction_rerun`` (run_id, policy, budget, step, kl_to_full, token_agrees,
+forced_agrees), ``eviction_survival`` (first divergence as a censored time-to-event,
+:func:`divergence_survival`), ``eviction_split`` and ``eviction_split_summary`` when the per-step vs
+accumulated split is asked (:mod:`trajscope.studies.eviction.split`), and ``eviction_summary``, the one
+home of the study's means and intervals (:mod:`trajscope.studies.eviction.summary`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import pathlib
 from typing import Any, Callable, Sequence
 
 import polars as pl
@@ -48,60 +49,8 @@ from trajscope import positions
 from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
 from trajscope.metrics import eviction as ev
-from trajscope.metrics.bands import depth_band_expr, sort_bands
-from trajscope.trajectory import write_table
-
-TABLES = ("eviction_kept", "eviction_steps", "eviction_rerun")
-
-
-@dataclasses.dataclass
-class EvictionResult:
-    """The three tables of an eviction study (see the module docstring) and its settings."""
-
-    kept: pl.DataFrame
-    steps: pl.DataFrame
-    rerun: pl.DataFrame
-    settings: dict
-    split: pl.DataFrame | None = None  # eviction_split (per-step vs accumulated), when asked
-
-    def summary(self, level: float = 0.95, n_boot: int = 500) -> pl.DataFrame:
-        """Per policy, budget and decode-depth band: mean recall@k, evicted mass, KL to the full run, greedy
-        token agreement free-running (``token_agreement``) and teacher-forced (``forced_agreement``; module
-        docstring), each with a prompt-clustered bootstrap interval (:mod:`trajscope.stats`; columns
-        ``{metric}_lo`` / ``{metric}_hi``) and ``n_prompts``."""
-        from trajscope.stats import bootstrap_frame
-
-        keys = ["policy", "budget", "depth_band"]
-        band = depth_band_expr(pl.col("step")).alias("depth_band")
-        st = self.steps.with_columns(band)
-        out = bootstrap_frame(st, "recall_at_k", keys, "run_id", level=level, n_boot=n_boot).join(
-            bootstrap_frame(st, "evicted_mass", keys, "run_id", level=level, n_boot=n_boot).drop("n", "n_clusters"),
-            on=keys)
-        if self.rerun.height:
-            rr = self.rerun.filter(pl.col("step") >= 1).with_columns(
-                band, pl.col("token_agrees").cast(pl.Float64).alias("token_agreement"))
-            metrics = ["kl_to_full", "token_agreement"]
-            if "forced_agrees" in rr.columns:  # tables saved before it was added lack it
-                rr = rr.with_columns(pl.col("forced_agrees").cast(pl.Float64).alias("forced_agreement"))
-                metrics.append("forced_agreement")
-            for metric in metrics:
-                out = out.join(bootstrap_frame(rr, metric, keys, "run_id", level=level, n_boot=n_boot)
-                               .drop("n", "n_clusters"), on=keys, how="left")
-        return sort_bands(out.rename({"n_clusters": "n_prompts", "n": "n_rows"}), *keys)
-
-    def save(self, out: str | pathlib.Path) -> pathlib.Path:
-        """Write ``eviction_kept``, ``eviction_steps`` and ``eviction_rerun`` Parquet files under ``out``."""
-        out = pathlib.Path(out)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            for name, df in zip(TABLES, (self.kept, self.steps, self.rerun)):
-                write_table(df, out / f"{name}.parquet", name)
-            if self.split is not None:
-                write_table(self.split, out / "eviction_split.parquet", "eviction_split")
-        except OSError as exc:
-            raise TrajscopeError(f"Cannot write the eviction study to '{out}': {exc.strerror or exc}.") from None
-        return out
-
+from trajscope.studies.eviction import summary as sm
+from trajscope.studies.registry import Result
 
 def _rows(traj) -> tuple[torch.Tensor, torch.Tensor]:
     """``[L, H, P, P]`` prefill and ``[L, S, H, n]`` decode attention rows of a capture with every layer kept."""
@@ -110,10 +59,10 @@ def _rows(traj) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([p for p, _ in parts]), torch.stack([d for _, d in parts])
 
 
-def _query_rows(model, traj, policy: str, m: int, window: int, seed: int) -> torch.Tensor | None:
+def _query_rows(model, traj, policy: str, m: int) -> torch.Tensor | None:
     """``[L, H, m', P]`` rows that ``pseudo`` / ``oracle`` score with (None for the others; ``lookahead``'s
-    draft depends on the budget: :func:`~trajscope.studies.eviction_queries.laq_rows`)."""
-    from trajscope.studies import eviction_queries as eq
+    draft depends on the budget: :func:`~trajscope.studies.eviction.queries.laq_rows`)."""
+    from trajscope.studies.eviction import queries as eq
 
     P = traj.prompt_len
     if policy == "oracle":
@@ -144,8 +93,9 @@ def _rerun(model, traj, sel: ev.Selection, full_logits: torch.Tensor, run_id: st
 
 def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] = ev.POLICIES,
              budgets: Sequence[float | int] = (0.1, 0.2, 0.5), *, max_new_tokens: int = 32, window: int = 16,
-             lookahead: int = 8, k: int = 8, per_head: bool = True, rerun: bool = True, seed: int = 0,
-             progress: Callable[[int, int], None] | None = None, split: bool = False) -> EvictionResult:
+             lookahead: int = 8, k: int = 8, per_head: bool = True, rerun: bool = True,
+             progress: Callable[[int, int], None] | None = None, split: bool = False,
+             config: dict | None = None) -> Result:
     """Run the eviction study over ``prompts``.
 
     Args:
@@ -159,17 +109,19 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
         k: top-k attended prompt positions for recall.
         per_head: one kept set per head (True) or per layer.
         rerun: also run the masked re-runs (KL and token agreement).
-        split: also split the damage into per-step and accumulated arms (:mod:`trajscope.studies.eviction_split`;
-            the ``split`` table).
+        split: also split the damage into per-step and accumulated arms (:mod:`trajscope.studies.eviction.split`;
+            the ``eviction_split`` tables).
         progress: ``(done, total)`` after each prompt.
+        config: the config to record in the Result (default: these arguments).
     Returns:
-        An :class:`EvictionResult`.
+        The eviction study's :class:`~trajscope.studies.registry.Result` (module docstring for its tables;
+        its summaries are :func:`~trajscope.studies.eviction.summary.headlines`).
     Raises:
         TrajscopeError: an unknown policy, a bad budget, a window longer than a prompt, or a model whose
         attention cannot be read.
     """
-    from trajscope.studies import eviction_queries as eq
-    from trajscope.studies.eviction_split import split_frame
+    from trajscope.studies.eviction import queries as eq
+    from trajscope.studies.eviction.split import split_frame, split_summary
 
     unknown = [p for p in policies if p not in ev.POLICIES]
     if unknown:
@@ -193,7 +145,7 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
         full_logits = model.forward(traj.token_ids[:-1]).logits if (rerun or split) else None
         shared = model.forward(traj.token_ids[:P], return_cache=True) if "lookahead" in policies else None
         for policy in policies:
-            q = _query_rows(model, traj, policy, lookahead, window, seed + i)
+            q = _query_rows(model, traj, policy, lookahead)
             for budget in budgets:
                 if policy == "lookahead":
                     q = eq.laq_rows(model, traj.token_ids[:P], shared, prefill, budget, window=window, m=lookahead,
@@ -211,13 +163,39 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
             progress(i + 1, len(items))
     lead = ["run_id", "policy", "budget"]
     st = pl.concat(steps)
-    settings = {"policies": list(policies), "budgets": [float(b) for b in budgets], "max_new_tokens": max_new_tokens,
-                "window": window, "lookahead": lookahead, "k": k, "per_head": per_head, "n_prompts": len(items),
-                "model": model.describe()}
-    empty = pl.DataFrame(schema={"run_id": pl.String, "policy": pl.String, "budget": pl.Float64, "step": pl.Int32,
-                                 "kl_to_full": pl.Float64, "token_agrees": pl.Boolean, "forced_agrees": pl.Boolean})
-    return EvictionResult(pl.concat(kept), st.select(lead + [c for c in st.columns if c not in lead]),
-                          pl.concat(reruns) if reruns else empty, settings, pl.concat(splits) if splits else None)
+    st = st.select(lead + [c for c in st.columns if c not in lead])
+    rr = pl.concat(reruns) if reruns else pl.DataFrame(schema=sm.RERUN_SCHEMA)
+    summary = sm.summarize(st, rr)
+    tables = {"eviction_kept": pl.concat(kept), "eviction_steps": st, "eviction_rerun": rr}
+    if rr.height:
+        tables["eviction_survival"] = divergence_survival(rr.filter(pl.col("step") >= 1))
+    if splits:
+        tables["eviction_split"] = pl.concat(splits)
+        tables["eviction_split_summary"] = split_summary(tables["eviction_split"])
+    tables["eviction_summary"] = summary
+    settings = config if config is not None else {
+        "policies": list(policies), "budgets": [float(b) for b in budgets], "max_new_tokens": max_new_tokens,
+        "window": window, "lookahead": lookahead, "k": k, "shared": not per_head, "no_rerun": not rerun, "split": split}
+    settings = {**settings, "n_prompts": len(items), "model": model.describe()}
+    return Result(study="eviction", tables=tables, config=settings, summaries=sm.headlines(summary))
+
+
+def run(model: Any, prompts: Sequence[tuple[str, Sequence[int]]], config: Any, progress: Callable | None = None,
+        layers: Sequence[int] | None = None) -> Result:
+    """The registered study's run: :func:`eviction` on ``(id, token ids)`` prompts with an
+    :class:`~trajscope.studies.eviction.config.EvictionConfig`.
+
+    Raises:
+        TrajscopeError: ``layers`` given (the policies score every layer), or the study's own errors.
+    """
+    import dataclasses
+
+    if layers:
+        raise TrajscopeError("The eviction study keeps and scores every layer's prompt keys; leave out --layers.")
+    return eviction(model, [{"prompt": list(ids), "id": pid} for pid, ids in prompts], config.policies,
+                    config.budget_values(), max_new_tokens=config.max_new_tokens, window=config.window,
+                    lookahead=config.lookahead, k=config.k, per_head=not config.shared, rerun=not config.no_rerun,
+                    split=config.split, progress=progress, config=dataclasses.asdict(config))
 
 
 def first_divergence(rerun: pl.DataFrame) -> pl.DataFrame:

@@ -1,9 +1,10 @@
-"""Plots of the Compaction card: pure functions, compaction tables (Polars) in, HoloViews elements out.
+"""Plots of the Compaction card: pure functions, the card's Result (Polars tables) in, HoloViews elements out.
 
 - :func:`divergence_plot` — per layer, how far T3's hidden states under A (mask), B (restart)
-  and D (mask early) are from C (full context): relative L2, mean over T3 tokens;
+  and D (mask early) are from C (full context): relative L2, the rows of the Result's
+  ``compaction_summary`` (mean over T3 tokens; computed once by the study's summary function);
 - :func:`attention_plot` — per layer, the attention mass T3's queries put on the summary's
-  keys under each setup (mean over T3 tokens and heads);
+  keys under each setup (the summary's ``attention_summary_mass`` rows);
 - :func:`probe_plot` — the shipped study's held-out probe accuracy by layer under each setup,
   with its 95% intervals, the shuffled-label control and the majority baseline;
 - :func:`continuations_html` — the setups' greedy continuations after T3, side by side.
@@ -17,20 +18,26 @@ import holoviews.plotting.bokeh  # noqa: F401  (registers the bokeh backend's pl
 import polars as pl
 
 from trajscope.escaping import html_text
-from trajscope.ui.compaction_state import SETUP_LABELS, CardResult
+from trajscope.studies.compaction.state import SETUP_LABELS, CardResult
 
 COLORS = {"A": "#1f77b4", "B": "#ff7f0e", "C": "#2ca02c", "D": "#9467bd"}
 
 
-def divergence_by_layer(states: pl.DataFrame) -> pl.DataFrame:
-    """``pair, layer, rel_l2, cosine``: means over T3 tokens for A, B and D against C."""
-    return (states.filter(pl.col("pair").is_in(["A_vs_C", "B_vs_C", "D_vs_C"])).group_by("pair", "layer")
-            .agg(pl.col("rel_l2", "cosine").mean()).sort("pair", "layer"))
+def _rows(summary: pl.DataFrame, metric: str) -> pl.DataFrame:
+    return summary.filter(pl.col("metric") == metric).sort("pair", "layer")
+
+
+def divergence_by_layer(summary: pl.DataFrame) -> pl.DataFrame:
+    """``pair, layer, rel_l2, cosine``: the summary's rows for A, B and D against C."""
+    rel = _rows(summary, "rel_l2").select("pair", "layer", pl.col("estimate").alias("rel_l2"))
+    cos = _rows(summary, "cosine").select("pair", "layer", pl.col("estimate").alias("cosine"))
+    return (rel.join(cos, on=["pair", "layer"], how="left").filter(pl.col("pair").is_in(["A_vs_C", "B_vs_C", "D_vs_C"]))
+            .sort("pair", "layer"))
 
 
 def divergence_plot(res: CardResult) -> hv.Overlay:
     """Relative L2 of T3's block outputs to C's, per layer, one line per setup (A, B, D)."""
-    df = divergence_by_layer(res.states)
+    df = divergence_by_layer(res.summary)
     curves = []
     for pair in ("A_vs_C", "B_vs_C", "D_vs_C"):
         sub = df.filter(pl.col("pair") == pair).select("layer", "rel_l2", "cosine").to_pandas()
@@ -44,22 +51,21 @@ def divergence_plot(res: CardResult) -> hv.Overlay:
         legend_position="right", xlabel="layer (block output)", ylabel="‖x − x_C‖ / ‖x_C‖", show_grid=True)
 
 
-def attention_by_layer(attention: pl.DataFrame) -> pl.DataFrame:
-    """``setup, layer, summary_mass, sys_mass, t3_mass``: means over T3 tokens (and heads)."""
-    return (attention.group_by("setup", "layer").agg(pl.col("summary_mass", "sys_mass", "t3_mass").mean())
-            .sort("setup", "layer"))
+def attention_by_layer(summary: pl.DataFrame) -> pl.DataFrame:
+    """``setup, layer, summary_mass``: the summary's ``attention_summary_mass`` rows (mean over T3 tokens and heads)."""
+    return _rows(summary, "attention_summary_mass").select(pl.col("pair").alias("setup"), "layer",
+                                                           pl.col("estimate").alias("summary_mass"))
 
 
 def attention_plot(res: CardResult) -> hv.Overlay:
     """Attention mass of T3's queries on the summary, per layer, one line per setup."""
-    df = attention_by_layer(res.attention)
+    df = attention_by_layer(res.summary)
     curves = []
     for s in ("A", "B", "C", "D"):
         sub = df.filter(pl.col("setup") == s).to_pandas()
-        curves.append(hv.Curve(sub, "layer", ["summary_mass", "sys_mass", "t3_mass"], label=SETUP_LABELS[s]).opts(
+        curves.append(hv.Curve(sub, "layer", ["summary_mass"], label=SETUP_LABELS[s]).opts(
             color=COLORS[s], line_width=2, tools=["hover"],
-            hover_tooltips=[("layer", "@layer"), ("on summary", "@summary_mass{0.000}"), ("on sys", "@sys_mass{0.000}"),
-                            ("on T3", "@t3_mass{0.000}")]))
+            hover_tooltips=[("layer", "@layer"), ("on summary", "@summary_mass{0.000}")]))
     return hv.Overlay(curves).opts(
         title="Attention of T3's queries on the summary's keys (mean over T3 tokens and heads)", responsive=True,
         height=260, legend_position="right", xlabel="layer", ylabel="attention mass", ylim=(-0.02, 1.02),

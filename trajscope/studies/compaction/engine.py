@@ -1,4 +1,4 @@
-"""The context-compaction study: masking versus restart, and what the masked past leaves in the states.
+"""The context-compaction study's setups: one session run masked, restarted, in full and masked early.
 
 When an agent's context ``<sys> <T1> <T2> <summary> <T3>`` is compacted (the summary
 replaces T1 and T2), a serving stack can
@@ -22,7 +22,8 @@ All four run through the same path of the boundary (a key mask is always given �
 all True for B and C), so A with nothing masked is C bit for bit and every difference
 between A and C is the mask's. Rows are aligned by T3 token index ``t3_index``.
 
-Measures (one table each; :meth:`CompactionResult.save` writes them as Parquet):
+Measures of one session (:func:`measure_session`); :func:`trajscope.studies.compaction.study.compaction`
+gathers them over sessions into the study's Result, one table each:
 
 - ``compaction_states``: per session, pair (``A_vs_C``, ``B_vs_C``, ``D_vs_C``, ``A_vs_B``, ``A_vs_D``,
   ``D_vs_B``; the second setup is the reference), layer and T3 token: relative L2
@@ -39,11 +40,11 @@ Measures (one table each; :meth:`CompactionResult.save` writes them as Parquet):
   intervals over held-out sessions;
 - ``compaction_attention``: per session, setup, layer and T3 token, the attention mass T3's query
   puts on the summary's keys (and on sys, the masked turns and T3;
-  :mod:`trajscope.studies.compaction_attention`), from the attention rows the boundary's forward
+  :mod:`trajscope.studies.compaction.attention`), from the attention rows the boundary's forward
   returns with the setup's key mask applied;
 - ``compaction_sessions``: the sessions, their split and segment lengths; ``compaction_summary``:
-  means of the per-session measures with bootstrap intervals over sessions
-  (:func:`trajscope.stats.cluster_bootstrap`, one value per session).
+  means of the per-session measures with bootstrap intervals over sessions, computed by one function
+  (:func:`trajscope.studies.compaction.summary.summarize`).
 
 A *planted* run (``plant_strength > 0``) adds ``plant_strength · u_label`` (one fixed random unit
 direction per class) to block ``plant_layer``'s output at every T1 position, through the
@@ -54,9 +55,7 @@ should see under C, and whose leak through the summary it measures under A.
 from __future__ import annotations
 
 import dataclasses
-import json
-import pathlib
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import polars as pl
@@ -64,16 +63,12 @@ import torch
 
 from trajscope.errors import TrajscopeError
 from trajscope.steering import SteeringVector
-from trajscope.studies import compaction_attention as ca
-from trajscope.studies import probe as pr
-from trajscope.studies.sessions import Session, SessionTokens, tokenize_session
-from trajscope.trajectory import parquet_metadata
+from trajscope.studies.compaction import attention as ca
+from trajscope.studies.sessions import SessionTokens
 
 SETUPS = ("A", "B", "C", "D")
 PAIRS = (("A", "C"), ("B", "C"), ("D", "C"), ("A", "B"), ("A", "D"), ("D", "B"))
 MASKED = ("t1", "t2")
-PROBE_RUNS = (("A", "A"), ("B", "B"), ("C", "C"), ("D", "D"), ("C", "A"), ("C", "B"))
-TABLES = ("sessions", "states", "next_token", "attention", "decode", "probe", "summary")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,172 +215,3 @@ def measure_session(model: Any, tokens: SessionTokens, layers: Sequence[int], *,
                                text_full=model.tokenizer.decode(cont["C"])))
     last = {s: torch.stack([runs[s][1][layer][-1] for layer in layers]) for s in SETUPS}
     return pl.concat(states), pl.concat(kls), decode, last, att
-
-
-@dataclasses.dataclass
-class CompactionResult:
-    """The study's tables (module docstring) and its settings."""
-
-    sessions: pl.DataFrame
-    states: pl.DataFrame
-    next_token: pl.DataFrame
-    decode: pl.DataFrame
-    probe: pl.DataFrame
-    settings: dict
-    attention: pl.DataFrame = dataclasses.field(default_factory=ca.empty)
-
-    def summary(self, level: float = 0.95, n_boot: int = 1000) -> pl.DataFrame:
-        """Means of the per-session measures with percentile-bootstrap intervals over sessions.
-
-        Columns: metric, pair (``A_vs_C`` … or a setup for decode metrics), layer (null when not per
-        layer), estimate, lo, hi, n_sessions. Each session contributes its mean over T3 tokens.
-        """
-        rows = []
-
-        def add(df: pl.DataFrame, value: str, keys: list[str], metric: str):
-            if df.is_empty():
-                return
-            # sorted by session: the bootstrap resamples rows in order, so the interval is reproducible
-            per = df.group_by(["session_id", *keys]).agg(pl.col(value).mean()).drop_nulls(value).sort("session_id")
-            for key, g in per.group_by(keys, maintain_order=True):
-                est, lo, hi = pr.bootstrap_interval(g[value].to_numpy(), level=level, n_boot=n_boot)
-                d = dict(zip(keys, key))
-                rows.append(dict(metric=metric, pair=d.get("pair", d.get("setup")), layer=d.get("layer"),
-                                 estimate=est, lo=lo, hi=hi, n_sessions=g.height))
-
-        add(self.states, "rel_l2", ["pair", "layer"], "rel_l2")
-        add(self.states, "cosine", ["pair", "layer"], "cosine")
-        add(self.next_token, "kl", ["pair"], "next_token_kl")
-        add(self.next_token, "top1_agrees", ["pair"], "next_token_top1_agrees")
-        att = self.attention.rename({"setup": "pair"})
-        for col in ("summary_mass", "summary_mass_max", "masked_mass"):
-            add(att.drop_nulls(col), col, ["pair", "layer"], f"attention_{col}")
-        if not self.decode.is_empty():
-            dec = self.decode.with_columns(pl.col("first_divergence").is_not_null().cast(pl.Float64).alias("diverged"))
-            add(dec, "diverged", ["setup"], "decode_diverged")
-            add(dec, "agree_fraction", ["setup"], "decode_agree_fraction")
-        schema = dict(metric=pl.Utf8, pair=pl.Utf8, layer=pl.Int32, estimate=pl.Float64, lo=pl.Float64, hi=pl.Float64,
-                      n_sessions=pl.Int32)
-        return pl.DataFrame(rows, schema=schema).sort("metric", "pair", "layer")
-
-    def save(self, out: str | pathlib.Path) -> list[pathlib.Path]:
-        """Write ``compaction_<table>.parquet`` for every table (schema metadata) and ``settings.json``."""
-        out = pathlib.Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for name in TABLES:
-            df = self.summary() if name == "summary" else getattr(self, name)
-            path = out / f"compaction_{name}.parquet"
-            df.write_parquet(path, metadata=parquet_metadata(f"compaction_{name}"))
-            paths.append(path)
-        (out / "settings.json").write_text(json.dumps(self.settings, indent=2) + "\n", encoding="utf-8")
-        return paths
-
-
-def _layers(model: Any, layers: Sequence[int] | None) -> list[int]:
-    chosen = list(range(model.n_layers)) if layers is None else sorted({int(x) for x in layers})
-    bad = [x for x in chosen if not 0 <= x < model.n_layers]
-    if bad or not chosen:
-        raise TrajscopeError(f"Layers must be in 0..{model.n_layers - 1}; got {list(layers or [])}.")
-    return chosen
-
-
-def compaction(model: Any, sessions: Sequence[Session], *, layers: Sequence[int] | None = None,
-               max_new_tokens: int = 16, masked: Sequence[str] = MASKED, probe: bool = True,
-               test_fraction: float = 0.3, seed: int = 0, plant_strength: float = 0.0, plant_layer: int = 0,
-               level: float = 0.95, n_boot: int = 1000, attention: bool = True,
-               progress: Callable[[int, int], None] | None = None) -> CompactionResult:
-    """Run setups A, B, C and D on every session and measure how they differ (module docstring).
-
-    Args:
-        model: a local :class:`~trajscope.model.ModelHandle`.
-        sessions: the sessions (:func:`~trajscope.studies.sessions.read_sessions` or ``synthetic_sessions``).
-        layers: blocks to compare and probe (default: all).
-        max_new_tokens: greedy tokens after T3 per setup (0: no decode table; skipped when planting,
-            since masked decode takes no steering).
-        masked: the segments A hides.
-        probe: fit the probes (needs every session to have a ``label``, and enough sessions to hold out).
-        test_fraction: held-out share of the sessions for the probe; the split is seeded by ``seed``.
-        plant_strength, plant_layer: the planted signal (module docstring); 0 = none.
-        level, n_boot: bootstrap intervals.
-        attention: measure the attention mass of T3's queries (``compaction_attention``).
-        progress: called with ``(done, total)`` after each session.
-    Returns:
-        :class:`CompactionResult`.
-    Raises:
-        TrajscopeError: a session that does not fit, a probe without labels, or too few sessions to hold out.
-    """
-    if not sessions:
-        raise TrajscopeError("The compaction study needs at least one session.")
-    if model.remote is True:
-        raise TrajscopeError("The compaction study needs key masks, which run on a local model only.")
-    layers = _layers(model, layers)
-    labels = [s.label for s in sessions]
-    planting = plant_strength != 0
-    if (probe or planting) and any(lab is None for lab in labels):
-        raise TrajscopeError("The probe (and a planted signal) needs a 'label' on every session; give labels or "
-                             "turn the probe off.")
-    split = np.zeros(len(sessions), dtype=bool)
-    train_idx = test_idx = None
-    if probe:
-        train_idx, test_idx = pr.split_sessions(len(sessions), test_fraction, seed)
-        split[test_idx] = True
-    n_decode = 0 if planting else int(max_new_tokens)
-    toks = [tokenize_session(model, s, n_decode) for s in sessions]
-    classes = sorted({int(x) for x in labels if x is not None})
-    dirs = plant_directions(len(classes), model.d_model, seed) if planting else None
-
-    states, kls, decode, atts = [], [], [], []
-    feats = {s: torch.zeros(len(sessions), len(layers), model.d_model) for s in SETUPS}
-    for i, (sess, tok) in enumerate(zip(sessions, toks)):
-        plant = (dirs[classes.index(int(sess.label))], plant_layer, plant_strength) if planting else None
-        st, kl, dec, last, att = measure_session(model, tok, layers, masked=masked, plant=plant,
-                                                 max_new_tokens=n_decode, attention=attention)
-        states.append(st)
-        atts.append(att)
-        kls.append(kl)
-        decode.extend(dec)
-        for s in SETUPS:
-            feats[s][i] = last[s]
-        if progress is not None:
-            progress(i + 1, len(sessions))
-
-    sess_df = pl.DataFrame({
-        "session_id": [s.session_id for s in sessions], "split": ["test" if t else "train" for t in split] if probe
-        else ["all"] * len(sessions), "label": pl.Series(labels, dtype=pl.Int64), "fact": [s.fact for s in sessions],
-        **{f"n_{k}": [len(t.segments[k]) for t in toks] for k in ("sys", "t1", "t2", "summary", "t3")}})
-    dec_schema = dict(session_id=pl.Utf8, setup=pl.Utf8, first_divergence=pl.Int32, agree_fraction=pl.Float64,
-                      n_new=pl.Int32, text=pl.Utf8, text_full=pl.Utf8)
-    probe_df = probe_table(feats, torch.tensor(labels), layers, train_idx, test_idx, seed=seed, level=level,
-                           n_boot=n_boot) if probe else pl.DataFrame()
-    settings = dict(model=model.describe(), n_sessions=len(sessions), layers=layers, max_new_tokens=n_decode,
-                    masked=list(masked), probe=probe, test_fraction=test_fraction, seed=seed,
-                    plant_strength=plant_strength, plant_layer=plant_layer, level=level, n_boot=n_boot,
-                    attention_mass=("measured: attention rows of T3's queries" if attention else "not measured"))
-    return CompactionResult(sess_df, pl.concat(states), pl.concat(kls), pl.DataFrame(decode, schema=dec_schema),
-                            probe_df, settings, pl.concat(atts))
-
-
-def probe_table(features: dict[str, torch.Tensor], labels: torch.Tensor, layers: Sequence[int], train_idx: np.ndarray,
-                test_idx: np.ndarray, *, seed: int = 0, level: float = 0.95, n_boot: int = 1000) -> pl.DataFrame:
-    """Held-out probe accuracy per layer, (train setup, test setup) and control (``real``/``shuffled``).
-
-    Args:
-        features: ``{setup: [n_sessions, n_layers, d_model]}`` (the last T3 token's block outputs).
-        labels: ``[n_sessions]`` integer labels.
-        layers: the layer of each feature column.
-        train_idx, test_idx: the disjoint split (:func:`~trajscope.studies.probe.split_sessions`).
-    Returns:
-        One row per layer × (train_setup, test_setup) × control: accuracy, lo, hi, majority, chance,
-        n_train, n_test, lam (the ridge penalty chosen by leave-one-out).
-    """
-    rows = []
-    for j, layer in enumerate(layers):
-        for tr, te in PROBE_RUNS:
-            for control in ("real", "shuffled"):
-                sc = pr.score_probe(features[tr][:, j], labels, train_idx, test_idx, shuffle=control == "shuffled",
-                                    x_test=features[te][:, j], seed=seed, level=level, n_boot=n_boot)
-                rows.append(dict(layer=layer, train_setup=tr, test_setup=te, control=control, accuracy=sc.accuracy,
-                                 lo=sc.lo, hi=sc.hi, majority=sc.majority, chance=sc.chance, n_train=sc.n_train,
-                                 n_test=sc.n_test, lam=sc.lam))
-    return pl.DataFrame(rows)
