@@ -14,7 +14,7 @@ PUBLIC = ["load_model", "capture", "CaptureConfig", "Trajectory", "SteeringVecto
 MODULE_ONLY = {"ModelHandle": "trajscope.model", "capture_batch": "trajscope.capture.batch",
                "StepEvent": "trajscope.capture", "build_profile": "trajscope.profile_build",
                "steering_sweep": "trajscope.sweep", "SweepResult": "trajscope.sweep", "Comparison": "trajscope.report",
-               "eviction": "trajscope.studies.eviction", "EvictionResult": "trajscope.studies.eviction"}
+               "eviction": "trajscope.studies.eviction.engine"}
 
 
 def test_all_is_pinned():
