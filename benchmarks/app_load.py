@@ -1,23 +1,31 @@
-"""Benchmark: the served app under 10 concurrent browser sessions, two of them generating.
+"""Benchmark: the served app under many browser sessions, two of them generating, and its recovery.
 
-Serves the app in-process on loopback, opens ``--sessions`` headless-Chromium
-pages (one browser, one page each: separate sessions), waits until every page
-shows its demo run, then:
+Serves the app in-process on loopback (``--model``, default the tiny sample model) and drives
+headless Chromium pages (one browser, one page each: separate sessions):
 
-- two sessions type their own prompts and generate ``--tokens`` tokens at once;
-- meanwhile every session presses → / ← in turn and the browser measures, from
-  the ``keydown`` to the frame where that page's step readout changed, the
-  latency (p50, p95 over all presses of all sessions);
-- every session clicks a token of its strip once (the step must follow);
-- at the end, each generating session must show its own prompt and tokens, and
-  no page may show the other generating session's prompt (crossed state);
-- the server's resident memory (RSS) is sampled before and after.
+1. **Idle.** One page alone: ``--idle-presses`` presses of → / ←, each timed in the browser from
+   the ``keydown`` to the frame where the step readout changed (*readout*) and to the frame where
+   every step cursor of the Overview tab sits at the new step (*all plots*: token strip and
+   telemetry curves, the values the server computed for that step).
+2. **Load.** ``--sessions`` pages in all. Two of them type their own prompts and generate
+   ``--tokens`` tokens at once; meanwhile every page presses → / ← in turn, round after round, until
+   both generations have ended and at least ``--rounds`` rounds are done. Each press is timed as
+   above; presses made while a generation ran are counted apart. Every page then clicks a token of
+   its strip (the step must follow). **Crossed state**: each generating page must show its own
+   prompt, and no page the other's.
+3. **Recovery.** Every page but the first is closed; once the server has released their sessions
+   (``--release-timeout``), the first page is timed again as in 1, and the server's RSS and thread
+   count are compared with their idle values.
 
-Target (issue "served app under load"): p95 ≤ 250 ms with 2 concurrent
-generations on a 2-core machine, and no crossed state. Bounded: at most
-``--sessions`` pages and ``--rounds`` presses per page; loopback only.
+A sampler records every 0.5 s the server process's CPU time (this process: the Panel server, the
+model and the Playwright driver's thread) and, apart, the CPU time of its child processes (the
+Playwright driver and Chromium: the browsers' share), its RSS and its thread count. The server's
+own share is the first; on a machine where the browsers run elsewhere, only that share would load
+the server.
 
-Run: ``python benchmarks/app_load.py [--sessions 10] [--rounds 15] [--tokens 200]``.
+Run: ``python benchmarks/app_load.py [--sessions 10] [--model sample] [--tokens 64]
+[--out benchmarks/results/app_load_sample_10.json]``. Bounded: at most ``--sessions`` pages,
+loopback only.
 """
 
 from __future__ import annotations
@@ -27,38 +35,78 @@ import json
 import os
 import pathlib
 import platform
-import resource
 import statistics
+import sys
 import tempfile
+import threading
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 READOUT = """() => { let out = ''; const walk = r => r.querySelectorAll('*').forEach(e => {
     if (e.classList && e.classList.contains('ts-step-readout')) out = (e.shadowRoot || e).textContent;
     if (e.shadowRoot) walk(e.shadowRoot); }); walk(document); return out; }"""
-MEASURE = """async (before) => {
+# resolves [ms to the readout's change, ms to every cursor model at its expected value] after the last keydown
+MEASURE = """async ([before, expected]) => {
   const read = %s;
+  const models = Bokeh.documents.flatMap(d => Object.keys(expected).map(id => [id, d.get_model_by_id(id)]))
+      .filter(([id, m]) => m);
+  const ok = () => models.every(([id, m]) => Object.entries(expected[id]).every(([k, v]) => Math.abs(m[k] - v) < 1e-6));
   const t0 = window.__key;
-  while (read() === before) { await new Promise(r => requestAnimationFrame(r)); if (performance.now() - t0 > 10000) return -1; }
-  return performance.now() - t0;
+  let t_read = null, t_all = null;
+  while (t_read === null || t_all === null) {
+    await new Promise(r => requestAnimationFrame(r));
+    const now = performance.now();
+    if (t_read === null && read() !== before) t_read = now - t0;
+    if (t_all === null && ok()) t_all = now - t0;
+    if (now - t0 > 10000) break;
+  }
+  return [t_read === null ? -1 : t_read, t_all === null ? -1 : t_all];
 }""" % READOUT
+KEYTIME = "() => document.addEventListener('keydown', () => { window.__key = performance.now(); }, true)"
 STRIP = """() => Bokeh.documents.flatMap(d => [...d.all_models]).filter(m => m.data && m.data.token)
     .map(m => m.data.token.join(''))"""
 PROMPTS = ["class Queue:\n    def put(self, x):\n", "import math\n\ndef area(r):\n"]
 
 
-def rss_mb() -> float:
-    try:
-        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+class Sampler:
+    """Every ``every`` seconds: server CPU s, browsers' CPU s (child processes), RSS MiB, threads."""
+
+    def __init__(self, every: float = 0.5):
+        import psutil
+
+        self.proc, self.every, self.rows, self._stop = psutil.Process(), every, [], threading.Event()
+        self._children: dict[int, float] = {}  # pid → last CPU seconds seen (exited children keep theirs)
+        self.thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+
+    def sample(self, label: str = "") -> dict:
+        t = self.proc.cpu_times()
+        for c in self.proc.children(recursive=True):
+            try:
+                ct = c.cpu_times()
+                self._children[c.pid] = ct.user + ct.system
+            except Exception:  # the child exited between the listing and the read
+                pass
+        row = {"t": time.perf_counter(), "server_cpu_s": t.user + t.system, "browsers_cpu_s": sum(self._children.values()),
+               "rss_mib": self.proc.memory_info().rss / 2**20, "threads": self.proc.num_threads(), "label": label}
+        self.rows.append(row)
+        return row
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def start(self) -> "Sampler":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join()
 
 
 def wait(cond, timeout=300.0):
@@ -69,16 +117,47 @@ def wait(cond, timeout=300.0):
         time.sleep(0.05)
 
 
+def pct(xs: list[float], q: float) -> float | None:
+    xs = sorted(x for x in xs if x >= 0)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else None
+
+
+def summary(times: list[tuple[float, float]]) -> dict:
+    read, all_ = [r for r, _ in times], [a for _, a in times]
+    return {"n": len(times), "timeouts": sum(r < 0 for r in read),
+            "readout_ms": {"p50": pct(read, 0.5), "p95": pct(read, 0.95), "max": pct(read, 1.0)},
+            "all_plots_ms": {"p50": pct(all_, 0.5), "p95": pct(all_, 0.95), "max": pct(all_, 1.0),
+                             "timeouts": sum(a < 0 for a in all_)}}
+
+
+def press(page, app) -> tuple[float, float]:
+    """One → or ← on ``page`` (whichever moves the step), timed to the readout and to every Overview cursor."""
+    from app_generate import cursors, expected
+
+    step, n = app.state.step, app.state.n_steps
+    key, target = ("ArrowLeft", step - 1) if step > 0 else ("ArrowRight", min(step + 1, n - 1))
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")
+    before = page.evaluate(READOUT)
+    want = expected(cursors(app, "Overview"), target)
+    page.keyboard.press(key)
+    return tuple(page.evaluate(MEASURE, [before, want]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=15, help="key presses per session")
-    ap.add_argument("--tokens", type=int, default=200, help="tokens each of the two generating sessions asks for")
+    ap.add_argument("--model", default="sample")
+    ap.add_argument("--rounds", type=int, default=10, help="key-press rounds over all pages, at least")
+    ap.add_argument("--idle-presses", type=int, default=30)
+    ap.add_argument("--tokens", type=int, default=64, help="tokens each of the two generating sessions asks for")
+    ap.add_argument("--release-timeout", type=float, default=90.0, help="seconds to wait for closed sessions' release")
     ap.add_argument("--port", type=int, default=5095)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "app_load.json"))
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    out_path = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"app_load_{args.model}_{args.sessions}.json")
     os.environ.setdefault("TRAJSCOPE_RUNS_DIR", tempfile.mkdtemp(prefix="trajscope-load-runs-"))
     os.environ["TRAJSCOPE_MAX_GENERATIONS"] = "2"
+    os.environ["TRAJSCOPE_MAX_SESSIONS"] = str(max(20, args.sessions))
     import panel as pn
     import torch
     from playwright.sync_api import sync_playwright
@@ -87,34 +166,48 @@ def main() -> None:
     from trajscope.ui.views.app import default_page
 
     operator.configure(None)
-    runner.get_model("sample")
+    loading = threading.Thread(target=runner.get_model, args=(args.model,))  # as the served app's warm-up does
+    loading.start()
+    loading.join()
     apps = []
 
     def make():
-        tpl = default_page()
+        tpl = default_page(model=args.model)
         apps.append(tpl._trajscope)
         return tpl
 
-    rss0 = rss_mb()
+    sampler = Sampler()
     server = pn.serve(make, port=args.port, show=False, threaded=True, title="trajscope")
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
-           "date": time.strftime("%Y-%m-%d %H:%M"), "sessions": args.sessions, "generating": 2,
-           "tokens": args.tokens}
+           "date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "sessions": args.sessions,
+           "generating": 2, "tokens": args.tokens, "browsers": "same machine (their CPU is sampled apart)"}
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
-            pages = []
-            t_open = time.perf_counter()
-            for _ in range(args.sessions):
+            sampler.start()
+
+            def open_page(k: int):
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.goto(f"http://localhost:{args.port}/", timeout=180_000)
-                pages.append(page)
-            wait(lambda: len(apps) == args.sessions and all(a.state.trajectory is not None for a in apps))
-            for page in pages:
-                page.locator(".ts-generate").wait_for(timeout=180_000)
-                page.evaluate("() => document.addEventListener('keydown', () => { window.__key = performance.now(); }, true)")
+                page.goto(f"http://localhost:{args.port}/", timeout=300_000)
+                wait(lambda: len(apps) == k + 1 and apps[k].state.trajectory is not None and not apps[k].state.busy,
+                     timeout=600)
+                page.locator(".ts-generate").wait_for(timeout=300_000)
+                page.evaluate(KEYTIME)
+                time.sleep(0.5)
+                return page
+
+            # 1. idle: one session
+            pages = [open_page(0)]
+            time.sleep(2)
+            idle0 = sampler.sample("idle")
+            out["idle"] = summary([press(pages[0], apps[0]) for _ in range(args.idle_presses)])
+            idle1 = sampler.sample("idle end")
+            out["idle"]["server_cpu_s_per_press"] = (idle1["server_cpu_s"] - idle0["server_cpu_s"]) / args.idle_presses
+            # 2. load
+            t_open = time.perf_counter()
+            for k in range(1, args.sessions):
+                pages.append(open_page(k))
             out["all_pages_shown_s"] = time.perf_counter() - t_open
-            # the i-th page's session: the app whose document serves that page is found by its prompt later
             for page, prompt in zip(pages[:2], PROMPTS):
                 area = page.locator(".ts-prompt textarea")
                 area.fill(prompt)
@@ -122,62 +215,82 @@ def main() -> None:
                 box = page.get_by_label("Max new tokens", exact=True)
                 box.fill(str(args.tokens))
                 box.press("Enter")
-            wait(lambda: sum(a.state.prompt in PROMPTS for a in apps) == 2)
+            wait(lambda: [a.state.prompt for a in apps[:2]] == PROMPTS and all(
+                a.state.max_new_tokens == args.tokens for a in apps[:2]))
+            load0 = sampler.sample("load start")
             for page in pages[:2]:
                 page.locator(".ts-generate button").click()
-            times, t_gen, during = [], time.perf_counter(), 0
-            for r in range(args.rounds):
-                during += any(a.state.busy for a in apps)
-                for page in pages:
-                    page.evaluate("() => document.activeElement && document.activeElement.blur()")
-                    before = page.evaluate(READOUT)
-                    page.keyboard.press("ArrowLeft" if r % 2 else "ArrowRight")
-                    ms = page.evaluate(MEASURE, before)
-                    times.append(ms)
-            generating_during = during  # rounds that started while a generation ran
-            for page in pages:  # one token click per session
+            wait(lambda: any(a.state.busy for a in apps[:2]), timeout=30)
+            t_gen = time.perf_counter()
+            during, after, r = [], [], 0
+            gen_end = None
+            while r < args.rounds or any(a.state.busy for a in apps[:2]):
+                for page, app in zip(pages, apps):
+                    busy = any(a.state.busy for a in apps[:2])
+                    if gen_end is None and not busy:
+                        gen_end = time.perf_counter()
+                    (during if busy else after).append(press(page, app))
+                r += 1
+            if gen_end is None:
+                gen_end = time.perf_counter()
+            load1 = sampler.sample("load end")
+            out["generation_s"] = gen_end - t_gen
+            out["load"] = {"all": summary(during + after), "while_generating": summary(during),
+                           "after_generation": summary(after), "rounds": r}
+            wall = load1["t"] - load0["t"]
+            out["load"]["cpu"] = {"wall_s": wall, "server_cpu_s": load1["server_cpu_s"] - load0["server_cpu_s"],
+                                  "browsers_cpu_s": load1["browsers_cpu_s"] - load0["browsers_cpu_s"],
+                                  "cores": os.cpu_count()}
+            clicks = []
+            for page, app in zip(pages, apps):  # one token click per session
                 strip = page.locator(".ts-token-strip canvas").first
                 strip.scroll_into_view_if_needed()
                 b = strip.bounding_box()
-                before = page.evaluate(READOUT)
-                page.mouse.click(b["x"] + 0.35 * b["width"], b["y"] + 50)  # a decode token of the first line
+                before = app.state.step
+                page.mouse.click(b["x"] + 0.35 * b["width"], b["y"] + 50)  # a token of the first line
                 t_click = time.time()
-                while page.evaluate(READOUT) == before and time.time() - t_click < 5:
+                while app.state.step == before and time.time() - t_click < 5:
                     page.wait_for_timeout(50)
-                out.setdefault("token_click_moved_step", []).append(page.evaluate(READOUT) != before)
-            wait(lambda: not any(a.state.busy for a in apps), timeout=600)
-            out["generation_s"] = time.perf_counter() - t_gen
+                clicks.append(app.state.step != before)
+            out["token_click_moved_step"] = f"{sum(clicks)}/{len(clicks)}"
             crossed = []
-            gen_apps = {a.state.prompt: a for a in apps if a.state.prompt in PROMPTS}
             for i, page in enumerate(pages):
                 strips = " ".join(page.evaluate(STRIP)).replace("·", " ").replace("↵", "\n")
                 mine = PROMPTS[i] if i < 2 else None
                 for prompt in PROMPTS:
-                    head = prompt.split("\n")[0]
-                    if prompt != mine and head in strips:
-                        crossed.append((i, head))
-                if mine is not None:
-                    traj = gen_apps[mine].state.trajectory
-                    if traj.meta["prompt"] != mine or head_missing(mine, strips):
-                        crossed.append((i, "own prompt missing"))
+                    if prompt != mine and prompt.split("\n")[0] in strips:
+                        crossed.append((i, prompt.split("\n")[0]))
+                if mine is not None and (apps[i].state.trajectory.meta.get("messages") or [{}])[0].get(
+                        "content", apps[i].state.trajectory.meta["prompt"]) != mine:
+                    crossed.append((i, "own prompt missing"))
+            out["crossed_state"] = crossed
+            # 3. recovery
+            peak = max(sampler.rows, key=lambda row: row["rss_mib"])
+            for page in pages[1:]:
+                page.close()
+            t_close = time.perf_counter()
+            try:
+                wait(lambda: operator.SESSIONS.open <= 1, timeout=args.release_timeout)
+                out["sessions_released_s"] = time.perf_counter() - t_close
+            except TimeoutError:
+                out["sessions_released_s"] = None
+            time.sleep(3)
+            rec0 = sampler.sample("recovered")
+            out["recovered"] = summary([press(pages[0], apps[0]) for _ in range(args.idle_presses)])
+            out["memory"] = {"idle_rss_mib": idle0["rss_mib"], "peak_rss_mib": peak["rss_mib"],
+                             "recovered_rss_mib": rec0["rss_mib"], "idle_threads": idle0["threads"],
+                             "peak_threads": max(row["threads"] for row in sampler.rows),
+                             "recovered_threads": rec0["threads"]}
             browser.close()
     finally:
+        sampler.stop()
         server.stop()
-    ok = [t for t in times if t >= 0]
-    ok.sort()
-    out["keypress_ms"] = {"n": len(ok), "timeouts": len(times) - len(ok), "p50": statistics.median(ok),
-                          "p95": ok[int(0.95 * (len(ok) - 1))], "max": ok[-1], "target_p95": "≤ 250",
-                          "rounds_while_generating": generating_during, "rounds": args.rounds}
-    out["crossed_state"] = crossed
-    out["rss_mb"] = {"before": rss0, "after": rss_mb()}
-    print(json.dumps(out, indent=2))
-    path = pathlib.Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
-
-
-def head_missing(prompt: str, strips: str) -> bool:
-    return prompt.split("\n")[0] not in strips
+    t0 = sampler.rows[0]["t"] if sampler.rows else 0
+    out["timeline"] = [{**row, "t": round(row["t"] - t0, 2)} for row in sampler.rows]
+    print(json.dumps({k: v for k, v in out.items() if k != "timeline"}, indent=1))
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {out_path}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Benchmark: capture throughput at batch 1, 4 and 16, as ratios in one run.
 
 Batch 1 is :func:`trajscope.capture` (one KV-cached generation trace per prompt, the engine
-``capture_batch(batch_size=1)`` runs); batches 4 and 16 are :func:`trajscope.capture_batch`
+``capture_batch(batch_size=1)`` runs); batches 4 and 16 are :func:`trajscope.capture.batch.capture_batch`
 (greedy decode of the padded batch with the KV cache, reading what every step computed).
 A fourth line runs the batched engine on batches of one prompt, which
 separates what the engine change buys from what batching buys. Every run records the

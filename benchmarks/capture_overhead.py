@@ -71,6 +71,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 import trajscope as ts
+from trajscope.model import ModelHandle
 
 PROMPT = "def fibonacci(n):\n    "
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -89,7 +90,7 @@ def gpt2_small_dir(tmp: pathlib.Path, n_positions: int = 1024) -> pathlib.Path:
     return path
 
 
-def extras(model: ts.ModelHandle, ids: list[int]) -> dict:
+def extras(model: ModelHandle, ids: list[int]) -> dict:
     """The SAE and drift probe the ``+sae`` / ``+probe`` variants attach."""
     from trajscope.profile import profile_from_residuals
     from trajscope.sae.model import SAE, SAEConfig
@@ -130,7 +131,7 @@ def hf_generate(entry: tuple, ids: list[int], n: int) -> list[int]:
                        top_p=None, top_k=None, eos_token_id=[], pad_token_id=tok.pad_token_id)[0].tolist()
 
 
-def empty_trace(model: ts.ModelHandle, ids: list[int], n: int) -> list[int]:
+def empty_trace(model: ModelHandle, ids: list[int], n: int) -> list[int]:
     """An nnsight ``generate`` trace that reads nothing, on the capture's model, settings and forward (the
     decode queries left in a row sink, as in a capture): the floor under any capture that runs inside one
     nnsight trace."""
@@ -155,7 +156,7 @@ def empty_trace(model: ts.ModelHandle, ids: list[int], n: int) -> list[int]:
     return out[0].tolist()
 
 
-def reads_trace(model: ts.ModelHandle, ids: list[int], n: int) -> list[int]:
+def reads_trace(model: ModelHandle, ids: list[int], n: int) -> list[int]:
     """The capture's generation trace (every read a capture makes) with a step function that keeps nothing."""
     def keep_nothing(step, P, consumed, attn_rows, resid, logits, prev_lp, opts, out):
         return None

@@ -19,6 +19,7 @@ import pytest
 
 
 import trajscope as ts
+from trajscope.model import ModelHandle
 
 from tiny import FAMILIES, build_tiny_model, hf_reference, tiny_config  # noqa: F401  (shared helpers)
 
@@ -30,16 +31,16 @@ def tiny_dirs(tmp_path_factory) -> dict[str, pathlib.Path]:
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tiny_dirs) -> dict[str, ts.ModelHandle]:
+def tiny_models(tiny_dirs) -> dict[str, ModelHandle]:
     return {f: ts.load_model(str(p), device="cpu") for f, p in tiny_dirs.items()}
 
 
 @pytest.fixture(scope="session")
-def sample_model() -> ts.ModelHandle:
+def sample_model() -> ModelHandle:
     return ts.load_model("sample", device="cpu")
 
 
 @pytest.fixture(scope="session")
-def tiny_eager(tiny_dirs) -> dict[str, ts.ModelHandle]:
+def tiny_eager(tiny_dirs) -> dict[str, ModelHandle]:
     """The same tiny models loaded with Hugging Face's eager attention (the reference for attention rows)."""
     return {f: ts.load_model(str(p), device="cpu", attn="eager") for f, p in tiny_dirs.items()}

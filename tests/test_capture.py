@@ -16,13 +16,14 @@ import torch
 from polars.testing import assert_frame_equal
 
 import trajscope as ts
+from trajscope.model import ModelHandle
 from trajscope.capture import chunks
 from tiny import FAMILIES, hf_reference
 
 PROMPT = "def fibonacci(n):\n    "
 
 
-def hf_greedy(model: ts.ModelHandle, prompt: str, n: int, **kw) -> list[int]:
+def hf_greedy(model: ModelHandle, prompt: str, n: int, **kw) -> list[int]:
     hf = hf_reference(model)
     ids = model.tokenizer(prompt, return_tensors="pt")["input_ids"]
     with torch.no_grad():
@@ -30,7 +31,7 @@ def hf_greedy(model: ts.ModelHandle, prompt: str, n: int, **kw) -> list[int]:
     return out[0].tolist()
 
 
-def full_forward(model: ts.ModelHandle, token_ids: list[int]):
+def full_forward(model: ModelHandle, token_ids: list[int]):
     """No-cache forward over the whole sequence with HF's own outputs."""
     with torch.no_grad():
         return hf_reference(model)(torch.tensor([token_ids]), output_hidden_states=True,

@@ -172,3 +172,27 @@ def test_version_2_runs_gain_the_segment_column(tiny_models, tmp_path):
     assert back.tokens.equals(traj.tokens) and back.meta["schema_version"] == 3
     assert read_table(path / "tokens.parquet").equals(traj.tokens)
     assert pl.read_parquet(path / "tokens.parquet").columns == old.columns  # the file itself is untouched
+
+
+def test_any_table_groups_by_segment(chat_model):
+    """Activations (keyed by pos) and telemetry (keyed by step) take their position's segment."""
+    from trajscope.metrics.attention import step_telemetry
+
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def f(x):"}]
+    traj = ts.capture(chat_model, msgs, max_new_tokens=4, stop_at_eos=False, residual_layers="all")
+    P, tokens = traj.prompt_len, traj.tokens
+    seg_of = dict(zip(tokens["pos"].to_list(), tokens["segment"].to_list()))
+    acts = positions.with_segment(traj.activations, tokens)
+    assert acts.height == traj.activations.height
+    assert all(seg_of[p] == s for p, s in zip(acts["pos"].to_list(), acts["segment"].to_list()))
+    by = acts.group_by("phase", "segment").len()
+    assert set(by["segment"].to_list()) == {"system", "user", "assistant"}
+    telemetry = step_telemetry(traj.attention, layer=0)  # keyed by step only
+    tel = positions.with_segment(telemetry, tokens, P)
+    steps, segs = tel["step"].to_list(), tel["segment"].to_list()
+    assert segs[0] == seg_of[P - 1] == "assistant"  # step 0 reads the prompt up to the generation prompt
+    assert all(s == seg_of[positions.query_pos(st, P)] for st, s in zip(steps, segs))
+    lazy = positions.with_segment(telemetry.lazy(), tokens, P).collect()
+    assert lazy.equals(tel)
+    with pytest.raises(ValueError, match="prompt_len"):
+        positions.with_segment(telemetry, tokens)

@@ -45,6 +45,6 @@ def test_one_prompt_eviction_study_prints_no_nan(tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "def fibonacci(n):\n    if n < 2:\n        return n\n", "id": "p0"}))
     assert main(["eviction", "--prompts", str(prompts), "--policies", "snapkv", "--budgets", "0.25",
-                 "--max-new-tokens", "4", "--window", "4", "--out", str(tmp_path / "ev"), "--quiet"]) == 0
+                 "--max-new-tokens", "4", "--window", "4", "--out", str(tmp_path / "ev")]) == 0
     out = capsys.readouterr().out
     assert "one prompt: no interval" in out and "nan" not in out.lower(), out

@@ -1,6 +1,6 @@
 """The package's shape, checked by walking its imports with ``ast`` (no module is executed).
 
-- no import cycles between trajscope modules (module-level and lazy, in-function imports alike);
+- (no import cycles and no upward imports: :mod:`tests.test_import_graph`);
 - only the model boundary (``trajscope/model/``) imports nnsight or reaches into the raw
   Hugging Face module (``torch_module()``, ``._module``, ``handle.nn``, forward hooks);
 - ``trajscope.metrics`` never reaches capture, profile building, the model or the UI, even
@@ -94,39 +94,6 @@ def test_the_walk_sees_the_package():
     assert "nnsight" in GRAPH["trajscope.model.generation"][1]
 
 
-def test_no_import_cycles():
-    """Tarjan's strongly connected components over every trajscope import (``trajscope/__init__`` aside:
-    it only re-exports, and a module importing the package for its public names is the one exception)."""
-    graph = {m: {n for n in GRAPH[m][0] if n != "trajscope"} for m in MODULES if m != "trajscope"}
-    index, low, stack, on, cycles = {}, {}, [], set(), []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                cycles.append(sorted(comp))
-
-    for v in graph:
-        if v not in index:
-            visit(v)
-    assert not cycles, f"import cycles: {cycles}"
-
-
 def test_no_module_imports_the_package_root_for_its_own_use():
     users = [m for m in MODULES if m != "trajscope" and "trajscope" in GRAPH[m][0] and not _in(m, "trajscope.ui")]
     assert not users, f"import the defining module, not 'trajscope': {users}"
@@ -153,7 +120,7 @@ def test_only_the_model_boundary_runs_the_model():
 @pytest.mark.parametrize("metric", sorted(m for m in MODULES if _in(m, "trajscope.metrics")))
 def test_metrics_stay_pure(metric):
     bad = {m for m in _closure(metric) for pkg in ("trajscope.capture", "trajscope.studies",
-                                                    "trajscope.model", "trajscope.ui", "trajscope.sae.harvest")
+                                                    "trajscope.model", "trajscope.ui", "trajscope.features.harvest")
            if _in(m, pkg)}
     outside = set().union(*(GRAPH[m][1] for m in _closure(metric) | {metric}))
     assert not bad, f"{metric} reaches {sorted(bad)}"
@@ -172,8 +139,8 @@ def test_files_stay_short():
 
 
 def test_the_walker_catches_what_it_looks_for(tmp_path):
-    """The checks can fail: a planted raw-module call and a planted cycle are found."""
+    """The checks can fail: a planted raw-module call is found, and the closure follows imports."""
     f = tmp_path / "bad.py"
     f.write_text("def f(h):\n    return h.torch_module()(x), h.nn.trace\n")
     assert len(_raw_model_uses(f)) == 2
-    assert "trajscope.capture" in _closure("trajscope.sae.harvest")
+    assert "trajscope.capture" in _closure("trajscope.features.harvest")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import trajscope as ts
+from trajscope.model import ModelHandle
 from tiny import FAMILIES
 
 
@@ -80,7 +81,7 @@ def test_ndif_key_travels_per_request_and_nowhere_else(tiny_models, monkeypatch)
     local = tiny_models["llama"]
     monkeypatch.setattr(type(local.nn), "to_model_key", lambda self: "org/model")  # a hub name, as on NDIF
     before = CONFIG.API.APIKEY
-    handle = ts.ModelHandle(local.nn, "org/model", local.family, remote=True, api_key="secret-key-123")
+    handle = ModelHandle(local.nn, "org/model", local.family, remote=True, api_key="secret-key-123")
     opts = handle.remote_options()
     assert opts["backend"].api_key == "secret-key-123"
     assert CONFIG.API.APIKEY == before

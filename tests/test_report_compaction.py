@@ -1,4 +1,4 @@
-"""The study report's compaction section renders from the shipped study tables, numbers with intervals."""
+"""The study report's compaction section renders from the shipped study's Result, numbers with intervals."""
 
 from __future__ import annotations
 
@@ -12,17 +12,21 @@ from bokeh.model import Model
 
 from trajscope.errors import TrajscopeError
 from trajscope.model import sample_data_dir
-from trajscope.report_compaction import divergence_by_layer, first_divergence, probe_rows, section
+from trajscope.studies.compaction.section import decode_divergence, divergence_by_layer, probe_rows, section
+from trajscope.studies.registry import Result
 
 SHIPPED = sample_data_dir() / "reports" / "compaction"
 
 
+def _section(d=SHIPPED):
+    return section(Result.load(d, "compaction"))
+
+
 def test_section_renders_the_shipped_study():
-    title, frag, figs = section(SHIPPED)
+    title, frag, figs = _section()
     assert title == "Context compaction: masking vs restart"
     assert figs and all(isinstance(f, Model) for f in figs)
-    assert [f.title.text.split(":")[0] for f in figs] == ["Compaction"] * 2 + ["Compaction probe (real labels)",
-                                                             "Compaction probe (planted fact)"]
+    assert [f.title.text.split(":")[0] for f in figs] == ["Compaction"] * 2 + ["Compaction probe (real labels)"]
     summary = pl.read_parquet(SHIPPED / "compaction_summary.parquet")
     kl = summary.filter((pl.col("metric") == "next_token_kl") & (pl.col("pair") == "A_vs_B")).row(0, named=True)
     assert f"{kl['estimate']:.3f} [{kl['lo']:.3f}, {kl['hi']:.3f}]" in frag
@@ -31,7 +35,10 @@ def test_section_renders_the_shipped_study():
     assert f"{att['estimate']:.3f} [{att['lo']:.3f}, {att['hi']:.3f}]" in frag
     # setup, n and split are stated
     assert "200 sessions; probe fitted on 140 and scored on 60 held-out sessions" in frag
-    assert "Planted-signal check (80 × a class direction at block 0" in frag
+    assert "Planted-signal check" not in frag
+    ptitle, pfrag, pfigs = _section(SHIPPED / "planted")  # the planted run is its own Result
+    assert ptitle.endswith("(planted signal)") and "Planted-signal check (80 × a class direction at block 0" in pfrag
+    assert pfigs[-1].title.text.startswith("Compaction probe (planted fact)")
     assert "http" not in frag
     for h in ("T3 hidden states vs the full context", "Next-token distribution", "Greedy continuation",
               "Attention mass of T3's queries on the summary", "Probe: the masked fact"):
@@ -44,12 +51,15 @@ def test_section_renders_the_shipped_study():
 
 def test_first_divergence_and_probe_rows_against_direct_counts():
     decode = pl.read_parquet(SHIPPED / "compaction_decode.parquet")
-    for r in first_divergence(decode, n_boot=200):
+    summary = pl.read_parquet(SHIPPED / "compaction_summary.parquet")
+    rows = decode_divergence(summary)
+    assert [r["setup"] for r in rows] == ["A", "B", "D"]
+    for r in rows:
         g = decode.filter(pl.col("setup") == r["setup"])
         fd = np.array([16 if v is None else v for v in g["first_divergence"].to_list()], dtype=float)
-        assert r["depth"].estimate == pytest.approx(fd.mean()) and r["n"] == 200
-        assert r["diverged"].estimate == pytest.approx(np.mean([v is not None for v in g["first_divergence"]]))
-        assert r["depth"].lo <= r["depth"].estimate <= r["depth"].hi
+        assert r["depth"]["estimate"] == pytest.approx(fd.mean()) and r["depth"]["n_sessions"] == 200
+        assert r["diverged"]["estimate"] == pytest.approx(np.mean([v is not None for v in g["first_divergence"]]))
+        assert r["depth"]["lo"] <= r["depth"]["estimate"] <= r["depth"]["hi"]
     probe = pl.read_parquet(SHIPPED / "compaction_probe.parquet")
     rows = probe_rows(probe)
     assert [r[0] for r in rows] == [str(i) for i in range(6)]
@@ -64,7 +74,7 @@ def test_first_divergence_and_probe_rows_against_direct_counts():
 def test_figures_embed_in_a_standalone_page():
     from bokeh.embed import components
 
-    _, frag, figs = section(SHIPPED)
+    _, frag, figs = _section()
     script, divs = components(figs)
     assert len(divs) == len(figs) and "Bokeh" in script
 
@@ -74,7 +84,7 @@ def test_an_older_study_without_attention_and_a_folder_without_a_study(tmp_path)
     shutil.copytree(SHIPPED, old, ignore=shutil.ignore_patterns("planted", "compaction_attention.parquet"))
     s = pl.read_parquet(old / "compaction_summary.parquet")
     s.filter(~pl.col("metric").str.starts_with("attention")).write_parquet(old / "compaction_summary.parquet")
-    _, frag, figs = section(old)
-    assert "not in these tables" in frag and "No planted-signal run" in frag and len(figs) == 2
-    with pytest.raises(TrajscopeError, match=re.escape(f"'{tmp_path}' holds no compaction study")):
-        section(tmp_path)
+    _, frag, figs = _section(old)
+    assert "not in these tables" in frag and len(figs) == 2
+    with pytest.raises(TrajscopeError, match=re.escape("The compaction study has no table 'compaction_summary'")):
+        _section(tmp_path)

@@ -1,7 +1,8 @@
 """The report's eviction section: present with the numbers of a run's eviction tables, absent without them.
 
-A run "has" an eviction study when ``trajscope eviction --runs RUN_DIR`` wrote its tables into
-``RUN_DIR/eviction/``; the expected means are recomputed here from those Parquet files.
+A run "has" an eviction study when ``trajscope eviction --runs RUN_DIR`` saved the study's Result into
+``RUN_DIR/eviction/``; the expected means are recomputed here from those Parquet files (independently of the
+study's summary function, which the section reads).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ def two_runs(tiny_models, tiny_dirs, tmp_path_factory):
     a = ts.capture(llama, "def f(x):\n    return x", max_new_tokens=6, stop_at_eos=False, run_id="a").save(root / "a")
     b = ts.capture(llama, "import os\nimport sys", max_new_tokens=6, stop_at_eos=False, run_id="b").save(root / "b")
     assert main(["eviction", "--runs", str(a), "--model", str(tiny_dirs["llama"]), "--device", "cpu",
-                 "--policies", "snapkv,streamingllm", "--budgets", "0.7", "--window", "2", "--quiet"]) == 0
+                 "--policies", "snapkv,streamingllm", "--budgets", "0.7", "--window", "2"]) == 0
     return a, b
 
 
 def test_cli_writes_the_study_into_the_run_directory(two_runs):
     a, b = two_runs
     assert {f.name for f in (a / "eviction").iterdir()} >= {"eviction_kept.parquet", "eviction_steps.parquet",
-                                                             "eviction_rerun.parquet"}
+                                                             "eviction_rerun.parquet", "eviction_summary.parquet",
+                                                             "eviction.result.json"}
     assert not (b / "eviction").exists()
     rr = pl.read_parquet(a / "eviction" / "eviction_rerun.parquet")
     assert rr["run_id"].unique().to_list() == ["a"] and rr["step"].max() == 5  # the run's 6 generated tokens
@@ -48,7 +50,7 @@ def test_report_has_the_eviction_section_with_the_tables_numbers(two_runs, tmp_p
         r = rerun.filter((pl.col("policy") == policy) & pl.col("step").is_between(1, 4))
         row = (f"<td>a</td><td>{policy}</td><td>0.7000</td><td>1-4</td><td>{s['recall_at_k'].mean():.4f}</td>"
                f"<td>{s['evicted_mass'].mean():.4f}</td><td>{r['kl_to_full'].mean():.4f}</td>"
-               f"<td>{r['token_agrees'].cast(pl.Float64).mean():.4f}</td><td>4</td>")
+               f"<td>{r['token_agrees'].cast(pl.Float64).mean():.4f}</td></tr>")
         assert row in section, row
     assert "<td>b</td>" not in section  # run b has no study
     table = pl.read_parquet(tmp_path / "r_files" / "eviction_by_depth.parquet")
@@ -65,7 +67,7 @@ def test_runs_without_a_study_have_no_section(two_runs, tmp_path, tiny_models):
 
 def test_runs_option_refuses_prompts_and_another_model(two_runs, tmp_path, capsys):
     a, _ = two_runs
-    assert main(["eviction", "--runs", str(a), "--out", str(tmp_path), "--quiet"]) != 0
+    assert main(["eviction", "--runs", str(a), "--out", str(tmp_path)]) != 0
     assert "leave out --prompts and --out" in capsys.readouterr().err
-    assert main(["eviction", "--runs", str(a), "--model", "sample", "--quiet"]) != 0
+    assert main(["eviction", "--runs", str(a), "--model", "sample"]) != 0
     assert "was captured with" in capsys.readouterr().err

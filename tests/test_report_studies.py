@@ -21,8 +21,9 @@ from trajscope.studies.registry import studies
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "sample_data" / "reports" / "serving"
 COMPACTION = ROOT / "sample_data" / "reports" / "compaction"
+EVICTION = ROOT / "sample_data" / "reports" / "eviction"
 SECTIONS = sections()
-SERVING = [name for name, s in studies().items() if s.family == "serving"]  # shipped in SHIPPED
+SERVING = [name for name, s in studies().items() if s.family == "serving"]
 
 
 def _fetched(html: str) -> list[str]:
@@ -34,13 +35,14 @@ def _fetched(html: str) -> list[str]:
 
 
 def test_shipped_directory_holds_every_serving_study():
-    assert detect(SHIPPED) == SERVING and detect(COMPACTION) == ["compaction"]
+    assert detect(SHIPPED) == SERVING and detect(COMPACTION) == ["compaction"] and detect(EVICTION) == ["eviction"]
 
 
-def test_one_page_holds_the_serving_and_compaction_studies(tmp_path):
-    out = study_report([SHIPPED, COMPACTION], tmp_path / "all.html")
+def test_one_page_holds_the_serving_compaction_and_eviction_studies(tmp_path):
+    out = study_report([SHIPPED, COMPACTION, COMPACTION / "planted", EVICTION], tmp_path / "all.html")
     html = out.read_text(encoding="utf-8")
-    assert not _fetched(html) and html.count("<h2>") >= len(SERVING) + 1
+    assert not _fetched(html) and html.count("<h2>") >= len(SERVING) + 3
+    assert "<h2>KV-cache eviction" in html and "Planted-signal check" in html
     assert "Sections left out" not in html
 
 

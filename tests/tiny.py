@@ -8,7 +8,7 @@ import pathlib
 import torch
 
 import trajscope as ts
-from trajscope.model import sample_data_dir
+from trajscope.model import ModelHandle, sample_data_dir
 
 SAMPLE_DIR = sample_data_dir() / "models" / "trajscope-tiny"
 VOCAB = 4096
@@ -54,7 +54,7 @@ FAMILIES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2")
 _REFERENCES: dict[str, torch.nn.Module] = {}
 
 
-def hf_reference(model: ts.ModelHandle) -> torch.nn.Module:
+def hf_reference(model: ModelHandle) -> torch.nn.Module:
     """An independent Hugging Face model of the same weights with eager attention (not trajscope's kernel)."""
     from transformers import AutoModelForCausalLM
 

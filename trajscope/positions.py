@@ -241,3 +241,28 @@ def with_position_columns(df: pl.DataFrame | pl.LazyFrame, prompt_len: LenLike, 
     exprs = [e for on, e in ((step, query_step_expr(prompt_len)), (phase, phase_expr(prompt_len)),
                              (produced, produced_at_step_expr(prompt_len))) if on]
     return df.with_columns(exprs)
+
+
+def with_segment(df: pl.DataFrame | pl.LazyFrame, tokens: pl.DataFrame, prompt_len: int | None = None):
+    """``df`` plus the ``segment`` of its position, so any table can be grouped by segment as by phase.
+
+    A table with a ``pos`` column takes that position's segment. A table keyed by ``step`` only (the
+    telemetry and the other per-step tables) takes the segment of the step's **query** position,
+    :func:`query_pos` (``prompt_len`` is then needed): step 0, the prefill pass, reads the whole
+    prompt and gets the segment of its last position. ``tokens`` is the run's tokens table (``pos``,
+    ``segment``).
+    """
+    seg = tokens.select(pl.col("pos").cast(pl.Int64), "segment")
+    lazy = isinstance(df, pl.LazyFrame)
+    cols = df.collect_schema().names() if lazy else df.columns
+    if "segment" in cols:
+        return df
+    seg_frame = seg.lazy() if lazy else seg
+    if "pos" in cols:
+        key = pl.col("pos").cast(pl.Int64)
+    elif "step" in cols and prompt_len is not None:
+        key = query_pos_expr(prompt_len).cast(pl.Int64)
+    else:
+        raise ValueError("with_segment needs a 'pos' column, or a 'step' column and prompt_len")
+    return df.with_columns(key.alias("__pos")).join(seg_frame.rename({"pos": "__pos"}), on="__pos", how="left",
+                                                    maintain_order="left").drop("__pos")

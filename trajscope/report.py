@@ -18,7 +18,7 @@ sections present depend on what the runs contain:
   logprob by step with the onset marked;
 - **SAE features**: active features (L0) per step, when an SAE was attached;
 - **KV-cache eviction**: when run directories hold an eviction study
-  (:mod:`trajscope.report_eviction`, written by ``trajscope eviction --runs``).
+  (:mod:`trajscope.studies.eviction.runs`, written by ``trajscope eviction --runs``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from trajscope.escaping import html_text
 from trajscope.metrics.attention import TELEMETRY_FIELDS, step_telemetry
 from trajscope.metrics.next_token import step_outputs
 from trajscope.metrics.position_zscore import position_zscore
-from trajscope.report_eviction import NOTE as EVICTION_NOTE, eviction_figures, eviction_html, eviction_tables
+from trajscope.studies.eviction.runs import NOTE as EVICTION_NOTE, eviction_figures, eviction_html, eviction_tables
 from trajscope.trajectory import Trajectory, parquet_metadata
 
 MAX_ALIGNED_STEPS = 300

@@ -6,7 +6,6 @@ study in the registry (:func:`trajscope.studies.registry.studies`) is **detected
 marker or marker table (:meth:`~trajscope.studies.registry.Study.holds`) and rendered by its own
 section from its :class:`~trajscope.studies.registry.Result`: ``(title, html, figures)`` — an
 HTML fragment with the numbers, their 95 % intervals, setup, n and split, plus Bokeh figures.
-Compaction, not yet a registered study, keeps its folder-reading section (:data:`UNREGISTERED`).
 A section that fails is reported in the page (with its one-sentence reason) instead of ending
 the report.
 
@@ -23,37 +22,28 @@ import pathlib
 import sys
 from typing import Any, Callable, Sequence
 
-from trajscope import report_compaction
 from trajscope.errors import TrajscopeError
 from trajscope.escaping import html_text
 from trajscope.studies.registry import Result, studies
 
 SectionFn = Callable[[pathlib.Path], tuple[str, str, list]]
 
-# studies not yet in the registry: name → (marker table, section reading the folder)
-UNREGISTERED: dict[str, tuple[str, SectionFn]] = {
-    "compaction": ("compaction_summary.parquet", report_compaction.section),
-}
-
 
 def sections() -> dict[str, SectionFn]:
-    """Every study's section as a function of a folder, in registry order (unregistered ones last)."""
-    out: dict[str, SectionFn] = {name: (lambda d, s=s: s.section(Result.load(d, s.name))) for name, s in studies().items()}
-    return {**out, **{name: fn for name, (_, fn) in UNREGISTERED.items()}}
+    """Every study's section as a function of a folder, in registry order."""
+    return {name: (lambda d, s=s: s.section(Result.load(d, s.name))) for name, s in studies().items()}
 
 
 def marker(study: str) -> str:
     """The file whose presence says a directory holds ``study``, as an error message names it."""
-    if study in UNREGISTERED:
-        return UNREGISTERED[study][0]
-    return f"{study}.result.json or {study}_summary.parquet"
+    s = studies().get(study)
+    return f"{study}.result.json or {(s.marker if s else None) or study + '_summary.parquet'}"
 
 
 def detect(study_dir: str | os.PathLike) -> list[str]:
     """The studies whose output is in ``study_dir``, in :func:`sections` order."""
     d = pathlib.Path(study_dir)
-    found = [name for name, s in studies().items() if s.holds(d)]
-    return found + [name for name, (m, _) in UNREGISTERED.items() if (d / m).is_file()]
+    return [name for name, s in studies().items() if s.holds(d)]
 
 
 def _page(title: str, resources: str, script: str, body: str) -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from trajscope.metrics.bands import DEPTH_ORDER, band_rank, sort_bands
-from trajscope.metrics.eviction import depth_summary
-from trajscope.studies.eviction import EvictionResult
+from trajscope.studies.eviction.summary import summarize
 
 TEXT_ORDER = sorted(DEPTH_ORDER[1:5])  # ['1-4', '17-64', '5-16', '65-256']: what a text sort gives
 
@@ -30,7 +29,6 @@ def _costs() -> pl.DataFrame:
 
 def test_eviction_tables_sort_bands_by_depth():
     want = ["1-4", "5-16", "17-64", "65-256"]
-    assert depth_summary(_costs())["depth_band"].to_list() == want
-    res = EvictionResult(kept=pl.DataFrame({"run_id": ["p0", "p1"]}), steps=_costs(), rerun=pl.DataFrame(),
-                         settings={})
-    assert res.summary(n_boot=20)["depth_band"].to_list() == want
+    rerun = pl.DataFrame(schema={"run_id": pl.String, "policy": pl.String, "budget": pl.Float64, "step": pl.Int32,
+                                 "kl_to_full": pl.Float64, "token_agrees": pl.Boolean, "forced_agrees": pl.Boolean})
+    assert summarize(_costs(), rerun, n_boot=20)["depth_band"].to_list() == ["all", *want]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import polars as pl
 import pytest
 import torch
 
@@ -96,8 +95,6 @@ def test_query_scored_policies_and_costs():
     assert few["recall_at_k"].to_list() == [1.0, 0.0]
     assert few["evicted_mass"].to_list() == pytest.approx([0.0, 0.9])
     assert few["step"].to_list() == [1, 2]
-    summ = ev.depth_summary(few.with_columns(pl.lit("snapkv").alias("policy")))
-    assert summ["n"].sum() == 2
     km = ev.key_mask(ev.select("snapkv", A, 2, window=1), 8)
     assert km.shape == (1, 1, 8) and km[0, 0].tolist() == [False, True, False, False, False, True, True, True]
 

@@ -1,4 +1,4 @@
-"""CE loss recovered (trajscope.sae.ce_recovered) against an independent computation with HF forward hooks."""
+"""CE loss recovered (trajscope.features.ce_recovered) against an independent computation with HF forward hooks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from trajscope.errors import TrajscopeError
-from trajscope.sae.ce_recovered import ce_recovered, ce_recovered_interval, ratio_interval, splice_ce
+from trajscope.features.ce_recovered import ce_recovered, ce_recovered_interval, ratio_interval, splice_ce
 from tests.sae.sae_helpers import tiny_sae
 
 LAYER = 1

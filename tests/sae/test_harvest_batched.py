@@ -15,7 +15,7 @@ import pytest
 from tiny import FAMILIES
 from trajscope.errors import TrajscopeError
 from trajscope.model.forward import numerics
-from trajscope.sae.harvest import harvest
+from trajscope.features.harvest import harvest
 from trajscope.studies.common import against_floor, deltas
 from trajscope.studies.determinism import measure_floor
 
@@ -61,7 +61,7 @@ def test_harvest_command_passes_the_batch_through(tiny_dirs, tmp_path):
     import json
 
     from trajscope.cli import main
-    from trajscope.sae.harvest import Harvest
+    from trajscope.features.harvest import Harvest
 
     pf = tmp_path / "p.jsonl"
     pf.write_text("\n".join(json.dumps(p) for p in PROMPTS), encoding="utf-8")

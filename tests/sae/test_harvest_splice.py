@@ -8,8 +8,8 @@ import torch
 from sae_helpers import tiny_sae
 
 from trajscope.errors import TrajscopeError
-from trajscope.sae.harvest import Harvest, harvest
-from trajscope.sae.splice import splice_rows, splice_sequence
+from trajscope.features.harvest import Harvest, harvest
+from trajscope.features.splice import splice_rows, splice_sequence
 
 PROMPTS = [{"id": "a", "prompt": "def add(a, b):\n    return"}, {"id": "b", "prompt": "import os\nclass Foo:"}]
 

@@ -16,9 +16,9 @@ from trajscope import positions
 from trajscope.cli import main
 from trajscope.model import sample_data_dir
 from trajscope.prompts import read_prompts
-from trajscope.sae.index import (DENSITY_FILE, EXAMPLES_FILE, INFO_FILE, FeatureIndex, IndexSettings,
+from trajscope.features.index import (DENSITY_FILE, EXAMPLES_FILE, INFO_FILE, FeatureIndex, IndexSettings,
                                  build_index)
-from trajscope.sae.labels import LABELS_FILE, FeatureLabels
+from trajscope.features.labels import LABELS_FILE, FeatureLabels
 from trajscope.sae.model import SAE
 
 SAE_DIR = sample_data_dir() / "saes" / "layer3-prefill-only"

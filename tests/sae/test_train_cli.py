@@ -12,7 +12,7 @@ import torch
 import trajscope as ts
 from trajscope.cli import main
 from trajscope.errors import TrajscopeError
-from trajscope.sae import train as tr
+from trajscope.features import train as tr
 
 
 def _synthetic(n, d=16, n_true=48, seed=0, shift=0.0):
@@ -78,12 +78,12 @@ def test_cli_harvest_train_and_drift(tmp_path, tiny_dirs, capsys):
                  "--out", str(tmp_path / "rep")]) == 0
     printed = capsys.readouterr().out
     assert "fvu:" in printed and "hyb − pre" in printed and "prefill-vs-prefill null" in printed
-    assert printed.strip() == (tmp_path / "rep" / "sae_drift.txt").read_text().strip()
-    table = pl.read_parquet(tmp_path / "rep" / "sae_drift.parquet")
+    assert printed.strip() == (tmp_path / "rep" / "sae-drift.txt").read_text().strip()
+    table = pl.read_parquet(tmp_path / "rep" / "sae-drift.parquet")
     assert set(table["sae"].unique()) == {"pre", "hyb"} and set(table["seed"].unique()) == {0, 1, 2, 3}
     assert table["phase"].is_in(["prefill", "decode"]).all()
     from trajscope.metrics.sae_eval import reconstruction_stats
-    from trajscope.sae.harvest import Harvest
+    from trajscope.features.harvest import Harvest
 
     he = Harvest.load(tmp_path / "he").where(pl.col("phase") == "prefill")
     for seed, d in enumerate(pre_dirs):  # the report's point values equal a direct computation, per seed
@@ -93,7 +93,7 @@ def test_cli_harvest_train_and_drift(tmp_path, tiny_dirs, capsys):
                                                     & (pl.col("seed") == seed)).iter_rows(named=True)}
         assert got["fvu"]["value"] == pytest.approx(want["fvu"]) and got["l0"]["value"] == pytest.approx(want["l0"])
         assert got["fvu"]["lo"] <= got["fvu"]["value"] <= got["fvu"]["hi"] and got["kl"]["value"] >= 0
-    seeds = pl.read_parquet(tmp_path / "rep" / "sae_seeds.parquet").filter(
+    seeds = pl.read_parquet(tmp_path / "rep" / "sae-drift_seeds.parquet").filter(
         (pl.col("group") == "prefill") & (pl.col("metric") == "fvu"))
     pre_row = seeds.filter(pl.col("sae") == "pre").row(0, named=True)
     per_seed = table.filter((pl.col("group") == "prefill") & (pl.col("sae") == "pre") & (pl.col("metric") == "fvu"))
@@ -101,12 +101,12 @@ def test_cli_harvest_train_and_drift(tmp_path, tiny_dirs, capsys):
         per_seed["value"].max() - per_seed["value"].min()) and pre_row["seed_range"] > 0
     assert pre_row["value"] == pytest.approx(per_seed["value"].mean())
     assert seeds.filter(pl.col("sae") == "hyb")["n_seeds"].to_list() == [1]
-    diff = pl.read_parquet(tmp_path / "rep" / "sae_diff.parquet").filter(
+    diff = pl.read_parquet(tmp_path / "rep" / "sae-drift_diff.parquet").filter(
         (pl.col("group") == "prefill") & (pl.col("metric") == "fvu")).row(0, named=True)
     hyb_fvu = seeds.filter(pl.col("sae") == "hyb")["value"][0]
     assert diff["sae"] == "hyb" and diff["base"] == "pre" and diff["diff"] == pytest.approx(hyb_fvu - pre_row["value"])
     assert np.isnan(diff["seed_floor"]) and diff["verdict"] == "no seed floor"  # hyb has one seed: no floor
-    overlap = pl.read_parquet(tmp_path / "rep" / "sae_overlap.parquet")
+    overlap = pl.read_parquet(tmp_path / "rep" / "sae-drift_overlap.parquet")
     assert {"null_mean", "null_lo", "null_hi", "observed", "n_matched"} <= set(overlap.columns)
     assert (overlap["n_matched"] <= overlap["n_dec"]).all()
 

@@ -11,7 +11,6 @@ on shuffled labels.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 
@@ -23,8 +22,8 @@ import torch
 from tiny import FAMILIES, hf_reference
 from trajscope.errors import TrajscopeError
 from trajscope.steering import SteeringVector
-from trajscope.studies import compaction_cli
-from trajscope.studies.compaction import compaction, run_setup, setup_input
+from trajscope.studies.compaction.engine import run_setup, setup_input
+from trajscope.studies.compaction.study import compaction
 from trajscope.studies.probe import bootstrap_interval, score_probe, split_sessions
 from trajscope.studies.sessions import SEGMENTS, Session, read_sessions, synthetic_sessions, tokenize_session
 
@@ -128,12 +127,12 @@ def test_study_tables_and_a_masked_decode_that_matches_the_forward(tiny_models):
     sessions = short_sessions(12)
     res = compaction(model, sessions, max_new_tokens=3, n_boot=100)
     n3 = sum(tokenize_session(model, s).n_t3 for s in sessions)
-    assert res.states.height == n3 * 6 * model.n_layers and res.next_token.height == n3 * 6
-    assert set(res.decode["setup"]) == {"A", "B", "D"} and res.decode.height == 36
-    assert res.probe.height == model.n_layers * 6 * 2
-    summ = res.summary(n_boot=100)
+    assert res.tables["compaction_states"].height == n3 * 6 * model.n_layers and res.tables["compaction_next_token"].height == n3 * 6
+    assert set(res.tables["compaction_decode"]["setup"]) == {"A", "B", "D"} and res.tables["compaction_decode"].height == 36
+    assert res.tables["compaction_probe"].height == model.n_layers * 6 * 2
+    summ = res.tables["compaction_summary"]
     assert (summ["lo"] <= summ["estimate"] + 1e-12).all() and (summ["estimate"] <= summ["hi"] + 1e-12).all()
-    assert res.sessions.filter(pl.col("split") == "test").height == 4
+    assert res.tables["compaction_sessions"].filter(pl.col("split") == "test").height == 4
     # A's greedy decode (KV cache, masked from T3's start) is the argmax of A's teacher-forced forward
     tok = tokenize_session(model, sessions[0])
     inp = setup_input(tok, "A")
@@ -195,38 +194,33 @@ def test_clear_errors(tiny_models, tmp_path):
         compaction(model, [SESSION, Session(**{**SESSION.__dict__, "label": None})], max_new_tokens=0)
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="trajscope")
-    commands = ap.add_subparsers(dest="command", required=True)
-    study = commands.add_parser("study").add_subparsers(dest="study", required=True)
-    compaction_cli.register(study)
-    return ap
-
-
 def test_command_parses_helps_and_writes_parquet(tiny_dirs, tmp_path, capsys):
-    ap = _parser()
+    from trajscope.cli import main
+
     with pytest.raises(SystemExit):
-        ap.parse_args(["study", "compaction", "--help"])
+        main(["study", "compaction", "--help"])
     help_text = capsys.readouterr().out
     assert "example:" in help_text and "--synthetic 200" in help_text and "(default: 16)" in help_text
-    with pytest.raises(SystemExit):  # --sessions and --synthetic are exclusive, one is required
-        ap.parse_args(["study", "compaction", "--out", "x"])
+    assert "--prompts" not in help_text  # its input is sessions
+    assert main(["study", "compaction", "--out", str(tmp_path / "x")]) == 2  # exactly one of --sessions, --synthetic
+    assert "exactly one of --sessions FILE or --synthetic N" in capsys.readouterr().err
     sessions = tmp_path / "s.jsonl"
     sessions.write_text("".join(json.dumps(s.to_dict()) + "\n" for s in short_sessions(14)))
     out = tmp_path / "out"
-    args = ap.parse_args(["study", "compaction", "--model", str(tiny_dirs["gpt2"]), "--sessions", str(sessions),
-                          "--out", str(out), "--max-new-tokens", "2", "--layers", "1", "--n-boot", "50", "--quiet"])
-    assert args.func(args) == 0
+    assert main(["study", "compaction", "--model", str(tiny_dirs["gpt2"]), "--sessions", str(sessions),
+                 "--out", str(out), "--max-new-tokens", "2", "--layers", "1", "--n-boot", "50"]) == 0
     for name in ("sessions", "states", "next_token", "decode", "probe", "summary"):
         meta = pl.read_parquet_metadata(out / f"compaction_{name}.parquet")
         assert meta["trajscope_table"] == f"compaction_{name}"
     assert pl.read_parquet(out / "compaction_states.parquet")["layer"].unique().to_list() == [1]
-    assert len(read_sessions(out / "sessions.jsonl")) == 14 and SEGMENTS[0] == "sys"
+    assert pl.read_parquet(out / "compaction_sessions.parquet").height == 14 and SEGMENTS[0] == "sys"
+    marker = json.loads((out / "compaction.result.json").read_text())
+    assert marker["config"]["sessions"] == str(sessions) and marker["summaries"]["divergence"]["layer"] == 1
 
 
 def test_planted_signal_lands_on_T1_positions_only(tiny_models):
     """The planted fact is added to block ``plant_layer``'s output at exactly T1's positions (A and C)."""
-    from trajscope.studies.compaction import _plant_steering, plant_directions
+    from trajscope.studies.compaction.engine import _plant_steering, plant_directions
 
     model = tiny_models["qwen2"]
     tok = tokenize_session(model, SESSION)
@@ -239,4 +233,4 @@ def test_planted_signal_lands_on_T1_positions_only(tiny_models):
     expected[a:b] = 5.0 * u
     torch.testing.assert_close(got - base, expected, atol=1e-5, rtol=0)
     res = compaction(model, short_sessions(14), plant_strength=5.0, n_boot=50)
-    assert res.decode.is_empty() and res.settings["plant_strength"] == 5.0
+    assert res.tables["compaction_decode"].is_empty() and res.config["plant_strength"] == 5.0

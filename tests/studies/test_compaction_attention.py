@@ -14,7 +14,8 @@ import torch
 
 from tiny import FAMILIES, hf_reference
 from test_compaction import SESSION, explicit_mask, short_sessions
-from trajscope.studies.compaction import attention_spans, compaction, measure_session, setup_input
+from trajscope.studies.compaction.engine import attention_spans, measure_session, setup_input
+from trajscope.studies.compaction.study import compaction
 from trajscope.studies.sessions import tokenize_session
 
 
@@ -67,31 +68,32 @@ def test_study_writes_the_attention_table_and_its_intervals(tiny_models, tmp_pat
     sessions = short_sessions(12)
     res = compaction(model, sessions, max_new_tokens=0, n_boot=100)
     n3 = sum(tokenize_session(model, s).n_t3 for s in sessions)
-    assert res.attention.height == n3 * 4 * model.n_layers
-    summ = res.summary(n_boot=100).filter(pl.col("metric") == "attention_summary_mass")
+    assert res.tables["compaction_attention"].height == n3 * 4 * model.n_layers
+    summ = res.tables["compaction_summary"].filter(pl.col("metric") == "attention_summary_mass")
     assert summ.height == 4 * model.n_layers and (summ["n_sessions"] == 12).all()
-    per = (res.attention.group_by("session_id", "setup", "layer").agg(pl.col("summary_mass").mean())
+    per = (res.tables["compaction_attention"].group_by("session_id", "setup", "layer").agg(pl.col("summary_mass").mean())
            .group_by("setup", "layer").agg(pl.col("summary_mass").mean()))
     joined = summ.join(per, left_on=["pair", "layer"], right_on=["setup", "layer"])
     assert joined.height == summ.height
     torch.testing.assert_close(torch.tensor(joined["estimate"].to_numpy()), torch.tensor(joined["summary_mass"].to_numpy()))
     assert ((summ["lo"] <= summ["estimate"]) & (summ["estimate"] <= summ["hi"])).all()
-    assert res.summary(n_boot=100).filter(pl.col("metric") == "attention_masked_mass")["pair"].unique().sort().to_list() \
+    assert res.tables["compaction_summary"].filter(pl.col("metric") == "attention_masked_mass")["pair"].unique().sort().to_list() \
         == ["A", "C", "D"]
     res.save(tmp_path)
     meta = pl.read_parquet_metadata(tmp_path / "compaction_attention.parquet")
     assert meta["trajscope_table"] == "compaction_attention"
     off = compaction(model, sessions, max_new_tokens=0, n_boot=50, attention=False)
-    assert off.attention.is_empty() and "not measured" in off.settings["attention_mass"]
+    assert off.tables["compaction_attention"].is_empty() and "not measured" in off.config["attention_mass"]
 
 
 def test_summary_intervals_do_not_depend_on_row_order(tiny_models):
-    import dataclasses
+    from trajscope.studies.compaction.summary import summarize
 
     res = compaction(tiny_models["llama"], short_sessions(12), max_new_tokens=0, n_boot=200)
-    shuffled = dataclasses.replace(res, states=res.states.sample(fraction=1.0, shuffle=True, seed=1),
-                                   attention=res.attention.sample(fraction=1.0, shuffle=True, seed=2))
-    a, b = res.summary(n_boot=200), shuffled.summary(n_boot=200)
+    t = res.tables
+    a = t["compaction_summary"]
+    b = summarize(t["compaction_states"].sample(fraction=1.0, shuffle=True, seed=1), t["compaction_next_token"],
+                  t["compaction_attention"].sample(fraction=1.0, shuffle=True, seed=2), t["compaction_decode"], n_boot=200)
     assert a.drop("estimate", "lo", "hi").equals(b.drop("estimate", "lo", "hi"))
     for c in ("estimate", "lo", "hi"):  # equal up to the order of float sums within a session
         torch.testing.assert_close(torch.tensor(a[c].to_numpy()), torch.tensor(b[c].to_numpy()), atol=1e-12, rtol=1e-12)

@@ -9,7 +9,7 @@ import torch
 
 from tiny import hf_reference
 from trajscope.metrics import eviction as ev
-from trajscope.studies import eviction_queries as eq
+from trajscope.studies.eviction import queries as eq
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
 

@@ -19,8 +19,8 @@ import torch
 
 import trajscope as ts
 from tiny import SAMPLE_DIR, VOCAB
-from trajscope.studies.eviction import eviction
-from trajscope.studies.eviction_split import split_steps, split_summary
+from trajscope.studies.eviction.engine import eviction
+from trajscope.studies.eviction.split import split_steps, split_summary
 
 F_, A_, H_, C_, X_ = 10, 11, 12, 13, 14
 IDS = [F_, A_, F_, F_, H_, C_, X_]
@@ -85,8 +85,8 @@ def test_nothing_evicted_both_arms_equal_the_full_run(planted, tiny_models):
     assert out["kl_per_step"].abs().max() < 1e-9 and out["kl_accumulated"].abs().max() < 1e-9
     res = eviction(tiny_models["llama"], ["def fibonacci(n):\n    if n < 2:\n        return n\n"], budgets=[1.0],
                    policies=["snapkv", "streamingllm"], max_new_tokens=5, window=4, rerun=False, split=True)
-    assert res.split.height == 2 * 4
-    assert res.split["kl_per_step"].abs().max() < 1e-6 and res.split["kl_accumulated"].abs().max() < 1e-6
+    assert res.tables["eviction_split"].height == 2 * 4
+    assert res.tables["eviction_split"]["kl_per_step"].abs().max() < 1e-6 and res.tables["eviction_split"]["kl_accumulated"].abs().max() < 1e-6
 
 
 def test_split_in_the_study_with_paired_intervals(tiny_models):
@@ -94,12 +94,12 @@ def test_split_in_the_study_with_paired_intervals(tiny_models):
                "for i in range(10):\n    print(i * i)\n"]
     res = eviction(tiny_models["qwen2"], prompts, policies=["snapkv"], budgets=[0.5], max_new_tokens=8, window=4,
                    rerun=True, split=True)
-    joined = res.split.join(res.rerun, on=["run_id", "policy", "budget", "step"])
+    joined = res.tables["eviction_split"].join(res.tables["eviction_rerun"], on=["run_id", "policy", "budget", "step"])
     # the accumulated arm is the study's teacher-forced masked re-run
     assert (joined["kl_accumulated"] - joined["kl_to_full"]).abs().max() < 1e-6
-    first = res.split.filter(pl_step_is(1))
+    first = res.tables["eviction_split"].filter(pl_step_is(1))
     assert (first["kl_per_step"] - first["kl_accumulated"]).abs().max() < 1e-6
-    summ = split_summary(res.split, n_boot=200)
+    summ = split_summary(res.tables["eviction_split"], n_boot=200)
     assert {"kl_carried", "kl_carried_lo", "kl_carried_hi", "n_prompts"} <= set(summ.columns)
     assert summ["n_prompts"].max() == 3
 
@@ -122,7 +122,7 @@ def test_per_step_arm_reads_the_full_runs_history(planted):
 def test_first_divergence_is_censored_not_dropped():
     import polars as pl
 
-    from trajscope.studies.eviction import divergence_survival
+    from trajscope.studies.eviction.engine import divergence_survival
 
     # four runs of 6 steps (0..5): diverge at 1 and 3; two never diverge (censored at 5)
     rows = []

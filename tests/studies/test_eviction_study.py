@@ -9,33 +9,36 @@ import torch
 import trajscope as ts
 from tiny import FAMILIES, hf_reference
 from trajscope.metrics import eviction as ev
-from trajscope.studies.eviction import eviction, first_divergence
+from trajscope.studies.eviction.engine import eviction, first_divergence
 
 PROMPTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n", "import os\nimport sys\n\n\nclass Path:\n"]
 
 
 def test_full_budget_reproduces_the_full_run(tiny_models):
     res = eviction(tiny_models["llama"], PROMPTS[:1], budgets=[1.0], max_new_tokens=6, window=4, lookahead=3)
-    assert res.rerun["token_agrees"].all() and res.rerun["forced_agrees"].all()
-    assert res.rerun["kl_to_full"].abs().max() < 1e-6
-    assert res.steps["recall_at_k"].min() == 1.0 and res.steps["evicted_mass"].abs().max() < 1e-6
-    assert set(res.kept["policy"]) == set(ev.POLICIES)
-    assert first_divergence(res.rerun)["first_divergence"].null_count() == len(ev.POLICIES)
+    assert res.tables["eviction_rerun"]["token_agrees"].all() and res.tables["eviction_rerun"]["forced_agrees"].all()
+    assert res.tables["eviction_rerun"]["kl_to_full"].abs().max() < 1e-6
+    assert res.tables["eviction_steps"]["recall_at_k"].min() == 1.0 and res.tables["eviction_steps"]["evicted_mass"].abs().max() < 1e-6
+    assert set(res.tables["eviction_kept"]["policy"]) == set(ev.POLICIES)
+    assert first_divergence(res.tables["eviction_rerun"])["first_divergence"].null_count() == len(ev.POLICIES)
 
 
 def test_tables_and_small_budgets_cost_something(tiny_models, tmp_path):
     res = eviction(tiny_models["qwen2"], PROMPTS, policies=["snapkv", "streamingllm", "oracle"], budgets=[0.5, 6],
                    max_new_tokens=8, window=4, lookahead=4)
-    assert set(res.steps.columns) == {"run_id", "policy", "budget", "step", "layer", "head", "recall_at_k",
+    assert set(res.tables["eviction_steps"].columns) == {"run_id", "policy", "budget", "step", "layer", "head", "recall_at_k",
                                       "evicted_mass"}
-    assert res.steps["step"].min() == 1 and res.rerun["step"].min() == 0
-    n_steps = res.rerun.group_by("run_id", "policy", "budget").len()["len"]
+    assert res.tables["eviction_steps"]["step"].min() == 1 and res.tables["eviction_rerun"]["step"].min() == 0
+    n_steps = res.tables["eviction_rerun"].group_by("run_id", "policy", "budget").len()["len"]
     assert n_steps.n_unique() == 1 and n_steps[0] == 8
-    assert res.steps["evicted_mass"].max() > 0 and res.rerun["kl_to_full"].max() > 0
-    summ = res.summary()
+    assert res.tables["eviction_steps"]["evicted_mass"].max() > 0 and res.tables["eviction_rerun"]["kl_to_full"].max() > 0
+    summ = res.tables["eviction_summary"]
     assert {"recall_at_k", "evicted_mass", "kl_to_full", "token_agreement", "forced_agreement"} <= set(summ.columns)
+    assert summ["depth_band"][0] == "all" and set(res.summaries) == {"snapkv@0.5", "snapkv@6", "streamingllm@0.5",
+                                                                        "streamingllm@6", "oracle@0.5", "oracle@6"}
     _forced_agreement_is_per_step(tiny_models["qwen2"], res)
-    out = res.save(tmp_path / "ev")
+    out = tmp_path / "ev"
+    res.save(out)
     from trajscope.export import read_table
 
     for name in ("eviction_kept", "eviction_steps", "eviction_rerun"):
@@ -50,9 +53,9 @@ def _forced_agreement_is_per_step(model, res):
     prefill = torch.stack([ev.split_rows(traj.attention_rows(layer), P)[0] for layer in range(model.n_layers)])
     sel = ev.select("snapkv", prefill, 0.5, window=4)  # as the study chose it for prompt 0
     masked = model.forward(ids[:-1], prompt_len=P, key_mask=ev.key_mask(sel, len(ids))).logits
-    rr = res.rerun.filter((pl.col("run_id") == "0") & (pl.col("policy") == "snapkv") & (pl.col("budget") == 0.5))
+    rr = res.tables["eviction_rerun"].filter((pl.col("run_id") == "0") & (pl.col("policy") == "snapkv") & (pl.col("budget") == 0.5))
     assert rr["forced_agrees"].to_list() == (masked[P - 1:].argmax(-1) == torch.tensor(ids[P:])).tolist()
-    after = res.rerun.join(first_divergence(res.rerun), on=["run_id", "policy", "budget"]).filter(
+    after = res.tables["eviction_rerun"].join(first_divergence(res.tables["eviction_rerun"]), on=["run_id", "policy", "budget"]).filter(
         pl.col("step") > pl.col("first_divergence"))
     assert after["forced_agrees"].mean() > after["token_agrees"].mean()
 
@@ -97,8 +100,11 @@ def test_eviction_command(tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p, "id": f"p{i}"}) for i, p in enumerate(PROMPTS)))
     assert main(["eviction", "--prompts", str(prompts), "--policies", "snapkv,h2o", "--budgets", "0.5,6",
-                 "--max-new-tokens", "4", "--window", "4", "--out", str(tmp_path / "ev"), "--quiet"]) == 0
+                 "--max-new-tokens", "4", "--window", "4", "--out", str(tmp_path / "ev")]) == 0
     steps = read_table(tmp_path / "ev" / "eviction_steps.parquet")
     assert set(steps["policy"]) == {"snapkv", "h2o"} and set(steps["budget"]) == {0.5, 6.0}
     assert "recall_at_k" in capsys.readouterr().out
+    assert main(["study", "eviction", "--prompts", str(prompts), "--policies", "snapkv", "--budgets", "0.5",
+                 "--max-new-tokens", "3", "--window", "4", "--out", str(tmp_path / "ev2")]) == 0  # the same study
+    assert (tmp_path / "ev2" / "eviction.result.json").is_file()
     assert main(["eviction", "--prompts", str(prompts), "--budgets", "0", "--out", str(tmp_path / "x")]) == 2

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from trajscope.stats import binomial_interval
-from trajscope.studies import needle as nd
+from trajscope.studies.eviction import needle as nd
 
 
 def test_prompts_hide_the_key_at_the_depth(tiny_models):
@@ -50,14 +50,17 @@ def test_needle_command(tmp_path, capsys, tiny_dirs):
     from trajscope.cli import main
     from trajscope.export import read_table
 
-    assert main(["eviction", "--task", "needle", "--model", str(tiny_dirs["llama"]), "--context", "96",
+    assert main(["study", "needle", "--model", str(tiny_dirs["llama"]), "--context", "96",
                  "--n-prompts", "2", "--policies", "snapkv,lookahead", "--budgets", "0.5,1.0", "--window", "8",
-                 "--lookahead", "4", "--answer-tokens", "3", "--out", str(tmp_path / "n"), "--quiet"]) == 0
-    acc = read_table(tmp_path / "n" / "needle_accuracy.parquet")
+                 "--lookahead", "4", "--answer-tokens", "3", "--out", str(tmp_path / "n")]) == 0
+    acc = read_table(tmp_path / "n" / "needle_summary.parquet")
     assert set(acc["policy"]) == {"full", "snapkv", "lookahead"} and acc["n"].to_list() == [2] * 5
-    assert "95% Wilson" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        main(["eviction", "--task", "haystack"])
+    printed = capsys.readouterr().out
+    assert "needle_summary:" in printed and "accuracy" in printed
+    with pytest.raises(SystemExit):  # the needle study builds its prompts: it takes no --prompts
+        main(["study", "needle", "--prompts", "x.jsonl", "--out", str(tmp_path)])
+    assert main(["study", "needle", "--policies", "h2o", "--out", str(tmp_path)]) == 2  # one sentence, no model work
+    assert "Unknown eviction policy 'h2o'" in capsys.readouterr().err
 
 
 def test_heldout_perplexity_equals_the_full_model_at_budget_one(tiny_models):

@@ -108,8 +108,11 @@ def test_a_bad_setting_is_one_sentence(tiny_dirs, tmp_path, capsys):
 
     argv = ["study", "steering", "--prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "x")]
     assert main(argv) == 2 and "exactly one of --vector" in capsys.readouterr().err
-    assert main([*argv, "--pairs", "p.jsonl", "--layer", "1", "--strengths", "a"]) == 2
-    assert "--strengths must be comma-separated numbers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the generated flag parses numbers
+        main([*argv, "--pairs", "p.jsonl", "--layer", "1", "--strengths", "a"])
+    assert "comma-separated numbers" in capsys.readouterr().err
+    with pytest.raises(ts.TrajscopeError, match="--strengths must be comma-separated numbers"):
+        get("steering").config(pairs="p.jsonl", layer=1, strengths=("a",))  # the alias passes text through
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "def f(x):"}))
     assert main([*argv, "--model", str(tiny_dirs["llama"]), "--pairs", str(_pairs(tmp_path)), "--layer", "1",
                  "--layers", "0,1"]) == 2

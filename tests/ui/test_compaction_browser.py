@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from trajscope.studies.compaction import compaction
+from trajscope.studies.compaction.study import compaction
 from trajscope.studies.sessions import synthetic_sessions
 
 pytestmark = pytest.mark.ui
@@ -25,7 +25,7 @@ TIMEOUT = 90_000
 
 def test_compaction_card_runs_a_typed_session_like_the_study(app_page, sample_model):
     page, app = app_page
-    s = app.compaction.settings
+    s = app.study_cards["compaction"].settings
     page.locator(".bk-tab", has_text="Compaction").click()
     page.locator(".ts-cp-run button").wait_for(timeout=TIMEOUT)
     assert s.session().session_id == "syn0000"  # the synthetic default
@@ -49,23 +49,25 @@ def test_compaction_card_runs_a_typed_session_like_the_study(app_page, sample_mo
         wait_until(lambda: any(title in t for t in page.evaluate(TITLES)), page, timeout=TIMEOUT)
     page.locator(".ts-cp-summary", has_text="Session typed").wait_for(timeout=TIMEOUT)
 
-    res = s.result
+    res = s.result.result  # the card's Result of the one session
     ref = compaction(sample_model, [session], probe=False, max_new_tokens=6, n_boot=50)
     key = ["pair", "layer", "t3_index"]
-    np.testing.assert_array_equal(res.states.sort(key)["rel_l2"].to_numpy(), ref.states.sort(key)["rel_l2"].to_numpy())
-    np.testing.assert_array_equal(res.next_token.sort("pair", "t3_index")["kl"].to_numpy(),
-                                  ref.next_token.sort("pair", "t3_index")["kl"].to_numpy())
+    np.testing.assert_array_equal(res.tables["compaction_states"].sort(key)["rel_l2"].to_numpy(), ref.tables["compaction_states"].sort(key)["rel_l2"].to_numpy())
+    np.testing.assert_array_equal(res.tables["compaction_next_token"].sort("pair", "t3_index")["kl"].to_numpy(),
+                                  ref.tables["compaction_next_token"].sort("pair", "t3_index")["kl"].to_numpy())
     akey = ["setup", "layer", "t3_index"]
-    np.testing.assert_array_equal(res.attention.sort(akey)["summary_mass"].to_numpy(),
-                                  ref.attention.sort(akey)["summary_mass"].to_numpy())
-    for r in ref.decode.iter_rows(named=True):
-        assert (res.continuations[r["setup"]], res.first_divergence[r["setup"]]) == (r["text"], r["first_divergence"])
+    np.testing.assert_array_equal(res.tables["compaction_attention"].sort(akey)["summary_mass"].to_numpy(),
+                                  ref.tables["compaction_attention"].sort(akey)["summary_mass"].to_numpy())
+    for r in ref.tables["compaction_decode"].iter_rows(named=True):
+        assert (s.result.continuations[r["setup"]], s.result.first_divergence[r["setup"]]) == (r["text"],
+                                                                                              r["first_divergence"])
     # the three continuations are on the page, side by side
     for setup in ("A", "B", "C"):
-        text = res.continuations[setup].strip().splitlines()[0].strip() if res.continuations[setup].strip() else ""
+        cont = s.result.continuations[setup]
+        text = cont.strip().splitlines()[0].strip() if cont.strip() else ""
         box = page.locator(f".ts-cp-{setup}")
         box.wait_for(timeout=TIMEOUT)
         if text:
             assert text in box.inner_text()
-    a_mass = ref.attention.filter((pl.col("setup") == "A") & (pl.col("layer") == 5))["summary_mass"].mean()
+    a_mass = ref.tables["compaction_attention"].filter((pl.col("setup") == "A") & (pl.col("layer") == 5))["summary_mass"].mean()
     assert f"{a_mass:.3f} (A)" in s.summary

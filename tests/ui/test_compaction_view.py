@@ -7,12 +7,12 @@ import polars as pl
 import pytest
 from bokeh.document import Document
 
-from trajscope.studies.compaction import compaction
+from trajscope.studies.compaction.study import compaction
 from trajscope.studies.sessions import synthetic_sessions
-from trajscope.ui import compaction_plots as cp
-from trajscope.ui.compaction_state import CompactionSettings, shipped_probe
+from trajscope.studies.compaction import plots as cp
+from trajscope.studies.compaction.state import CompactionSettings, shipped_probe
 from trajscope.ui.state import AppState
-from trajscope.ui.views.compaction import CompactionView
+from trajscope.studies.compaction.card import CompactionView
 
 
 @pytest.fixture
@@ -41,20 +41,20 @@ def test_card_result_equals_the_study_and_the_plots_carry_it(view, sample_model)
     assert res is not None, s.status
     ref = compaction(sample_model, [s.session()], probe=False, max_new_tokens=4, n_boot=50)
     key = ["pair", "layer", "t3_index"]
-    np.testing.assert_array_equal(res.states.sort(key)["rel_l2"].to_numpy(), ref.states.sort(key)["rel_l2"].to_numpy())
+    np.testing.assert_array_equal(res.states.sort(key)["rel_l2"].to_numpy(), ref.tables["compaction_states"].sort(key)["rel_l2"].to_numpy())
     akey = ["setup", "layer", "t3_index"]
     np.testing.assert_array_equal(res.attention.sort(akey)["summary_mass"].to_numpy(),
-                                  ref.attention.sort(akey)["summary_mass"].to_numpy())
-    for r in ref.decode.iter_rows(named=True):
+                                  ref.tables["compaction_attention"].sort(akey)["summary_mass"].to_numpy())
+    for r in ref.tables["compaction_decode"].iter_rows(named=True):
         assert res.continuations[r["setup"]] == r["text"] and res.continuations["C"] == r["text_full"]
         assert res.first_divergence[r["setup"]] == r["first_divergence"]
     # plots: per-layer means of the session's rows
     div = cp.divergence_plot(res)
-    want = ref.states.filter(pl.col("pair") == "B_vs_C").group_by("layer").agg(pl.col("rel_l2").mean()).sort("layer")
+    want = ref.tables["compaction_states"].filter(pl.col("pair") == "B_vs_C").group_by("layer").agg(pl.col("rel_l2").mean()).sort("layer")
     b_curve = [e for e in div if e.label.startswith("B ·") and type(e).__name__ == "Curve"][0]
     np.testing.assert_allclose(b_curve.dimension_values("rel_l2"), want["rel_l2"].to_numpy())
     att = cp.attention_plot(res)
-    want = ref.attention.filter(pl.col("setup") == "A").group_by("layer").agg(pl.col("summary_mass").mean()).sort("layer")
+    want = ref.tables["compaction_attention"].filter(pl.col("setup") == "A").group_by("layer").agg(pl.col("summary_mass").mean()).sort("layer")
     a_curve = [e for e in att if e.label.startswith("A ·")][0]
     np.testing.assert_allclose(a_curve.dimension_values("summary_mass"), want["summary_mass"].to_numpy())
     probe, note = shipped_probe("sample")
@@ -95,7 +95,7 @@ def test_app_has_the_compaction_tab_before_export(short_run):
     app.main()
     names = list(app.tabs._names)
     assert names.index("Eviction") < names.index("Compaction") < names.index("Export")
-    assert app.compaction.state is app.state
+    assert app.study_cards["compaction"].state is app.state
 
 
 def test_an_ndif_model_is_refused_in_one_sentence(view):

@@ -5,15 +5,17 @@ import inspect
 import param
 import pytest
 
+import trajscope.studies.compaction.card
+import trajscope.studies.compaction.state
+import trajscope.studies.eviction.card
+import trajscope.studies.eviction.state
 import trajscope.studies.drift.card
 import trajscope.studies.drift.state
 import trajscope.studies.steering.card
 import trajscope.studies.steering.state
-import trajscope.ui.compaction_state
 import trajscope.ui.state
 import trajscope.ui.views.app
 import trajscope.ui.views.attention
-import trajscope.ui.views.compaction
 import trajscope.ui.views.controls
 import trajscope.ui.views.export
 import trajscope.ui.views.feature_card
@@ -23,7 +25,8 @@ import trajscope.ui.views.player
 import trajscope.ui.views.telemetry
 import trajscope.ui.views.tokens
 
-MODULES = [trajscope.ui.state, trajscope.ui.compaction_state, trajscope.ui.views.compaction, trajscope.ui.views.app, trajscope.ui.views.attention, trajscope.ui.views.controls,
+MODULES = [trajscope.ui.state, trajscope.studies.compaction.state, trajscope.studies.compaction.card,
+           trajscope.studies.eviction.state, trajscope.studies.eviction.card, trajscope.ui.views.app, trajscope.ui.views.attention, trajscope.ui.views.controls,
            trajscope.ui.views.export, trajscope.ui.views.feature_card,
            trajscope.ui.views.features, trajscope.ui.views.keys, trajscope.ui.views.player,
            trajscope.ui.views.telemetry, trajscope.ui.views.tokens,

@@ -10,7 +10,7 @@ import polars as pl
 from bokeh.document import Document
 from panel.pane.markup import HTMLBasePane
 
-from trajscope.sae.labels import FeatureLabels
+from trajscope.features.labels import FeatureLabels
 from trajscope.ui.views.app import TrajScope
 
 PAYLOAD = "<img src=x onerror=alert(1)> <script>alert(1)</script> <svg onload=alert(1)> \"><b>x</b> @{x}{safe} $x"
@@ -30,8 +30,8 @@ def pane_html(layouts) -> list[str]:
 
 def test_payloads_in_every_echoing_pane_stay_text(short_run):
     app = TrajScope(trajectory=short_run)
-    views = [app.controls, app.player, app.features, app.features.card, app.study_cards["drift"], app.study_cards["steering"], app.eviction,
-             app.compaction]
+    views = [app.controls, app.player, app.features, app.features.card, app.study_cards["drift"], app.study_cards["steering"], app.study_cards["eviction"],
+             app.study_cards["compaction"]]
     layouts = [v.__panel__() for v in views]
     doc = Document()
     for lay in layouts:
@@ -45,8 +45,8 @@ def test_payloads_in_every_echoing_pane_stay_text(short_run):
     app.features.message = f"No SAE directory at {PAYLOAD}."
     app.study_cards["drift"].settings.param.update(drift=None, message=f"No profile at {PAYLOAD}.")
     app.study_cards["steering"].settings.status = f"Depths {PAYLOAD} are not numbers."
-    app.eviction.settings.param.update(status=PAYLOAD, summary=PAYLOAD)
-    app.compaction.settings.param.update(status=PAYLOAD, summary=PAYLOAD)
+    app.study_cards["eviction"].settings.param.update(status=PAYLOAD, summary=PAYLOAD)
+    app.study_cards["compaction"].settings.param.update(status=PAYLOAD, summary=PAYLOAD)
     shown = pane_html(layouts)
     hits = [h for h in shown if "alert(1)" in h]
     assert len(hits) >= 8, hits  # each place above echoed the payload ...

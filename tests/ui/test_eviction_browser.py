@@ -2,7 +2,7 @@
 
 Serves :func:`trajscope.ui.views.app.default_page` in-process on the shipped demo run, as
 ``test_generate_browser.py`` does, and drives the card from the page; the result on the server
-is checked against :func:`trajscope.studies.eviction.eviction` run directly on the same prompt.
+is checked against :func:`trajscope.studies.eviction.engine.eviction` run directly on the same prompt.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trajscope.studies.eviction import eviction
+from trajscope.studies.eviction.engine import eviction
 
 pytestmark = pytest.mark.ui
 pw = pytest.importorskip("playwright.sync_api")
@@ -22,7 +22,7 @@ TIMEOUT = 90_000
 
 def test_eviction_card_runs_the_study_and_draws(app_page, sample_model):
     page, app = app_page
-    s = app.eviction.settings
+    s = app.study_cards["eviction"].settings
     page.locator(".bk-tab", has_text="Eviction").click()
     page.locator(".ts-ev-run button").wait_for(timeout=TIMEOUT)
     page.get_by_label("Policy", exact=True).select_option(label="H2O")
@@ -43,16 +43,16 @@ def test_eviction_card_runs_the_study_and_draws(app_page, sample_model):
     ref = eviction(sample_model, [{"prompt": traj.token_ids[:P], "id": traj.run_id}], policies=["h2o"],
                    budgets=[0.5], max_new_tokens=len(traj.token_ids) - P, window=3)
     res = s.result
-    assert res.kept["kept_pos"].to_list() == ref.kept["kept_pos"].to_list()
-    np.testing.assert_allclose(res.steps["evicted_mass"].to_numpy(), ref.steps["evicted_mass"].to_numpy())
-    np.testing.assert_allclose(res.rerun["kl_to_full"].to_numpy(), ref.rerun["kl_to_full"].to_numpy(), atol=1e-6)
-    assert res.rerun["token_agrees"].to_list() == ref.rerun["token_agrees"].to_list()
+    assert res.tables["eviction_kept"]["kept_pos"].to_list() == ref.tables["eviction_kept"]["kept_pos"].to_list()
+    np.testing.assert_allclose(res.tables["eviction_steps"]["evicted_mass"].to_numpy(), ref.tables["eviction_steps"]["evicted_mass"].to_numpy())
+    np.testing.assert_allclose(res.tables["eviction_rerun"]["kl_to_full"].to_numpy(), ref.tables["eviction_rerun"]["kl_to_full"].to_numpy(), atol=1e-6)
+    assert res.tables["eviction_rerun"]["token_agrees"].to_list() == ref.tables["eviction_rerun"]["token_agrees"].to_list()
     # the step cursor follows the app's step (set from the page's step box)
     box = page.locator(".ts-step-box input")
     box.fill("5")
     box.press("Enter")
     wait_until(lambda: app.state.step == 5, page, timeout=TIMEOUT)
-    spans = [a[0] for c in app.eviction.cursors.values() for a in c.annotations]
+    spans = [a[0] for c in app.study_cards["eviction"].cursors.values() for a in c.annotations]
     wait_until(lambda: len(spans) >= 2 and all(sp.location == 5.0 for sp in spans), page, timeout=TIMEOUT)
     ids = [sp.id for sp in spans]
     wait_until(lambda: page.evaluate("""(ids) => Bokeh.documents.flatMap(d => [...d.all_models])

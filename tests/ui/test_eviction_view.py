@@ -7,11 +7,11 @@ import polars as pl
 import pytest
 from bokeh.document import Document
 
-from trajscope.studies.eviction import eviction
-from trajscope.ui import eviction_plots as ep
-from trajscope.ui.eviction_state import EvictionSettings, budget_error
+from trajscope.studies.eviction.engine import eviction
+from trajscope.studies.eviction import plots as ep
+from trajscope.studies.eviction.state import EvictionSettings, budget_error
 from trajscope.ui.state import AppState
-from trajscope.ui.views.eviction import EvictionView
+from trajscope.studies.eviction.card import EvictionView
 
 
 @pytest.fixture
@@ -53,25 +53,25 @@ def test_card_result_matches_the_study_and_plots_carry_it(view, short_run, sampl
     n_new = len(short_run.token_ids) - P
     ref = eviction(sample_model, [{"prompt": short_run.token_ids[:P], "id": short_run.run_id}], policies=["h2o"],
                    budgets=[0.5], max_new_tokens=n_new, window=3)
-    assert res.kept["kept_pos"].to_list() == ref.kept["kept_pos"].to_list()
-    np.testing.assert_allclose(res.steps["recall_at_k"].to_numpy(), ref.steps["recall_at_k"].to_numpy())
-    np.testing.assert_allclose(res.rerun["kl_to_full"].to_numpy(), ref.rerun["kl_to_full"].to_numpy(), atol=1e-6)
+    assert res.tables["eviction_kept"]["kept_pos"].to_list() == ref.tables["eviction_kept"]["kept_pos"].to_list()
+    np.testing.assert_allclose(res.tables["eviction_steps"]["recall_at_k"].to_numpy(), ref.tables["eviction_steps"]["recall_at_k"].to_numpy())
+    np.testing.assert_allclose(res.tables["eviction_rerun"]["kl_to_full"].to_numpy(), ref.tables["eviction_rerun"]["kl_to_full"].to_numpy(), atol=1e-6)
     # heatmap: one cell per layer × head × prompt position, kept as the table says
     cells = ep.kept_heatmap(res, short_run.tokens, P)
-    assert len(cells) == res.kept.height * P
+    assert len(cells) == res.tables["eviction_kept"].height * P
     kept_cells = sum(k == "kept" for k in cells.dimension_values("key"))
-    assert kept_cells == res.kept["kept_pos"].list.len().sum()
+    assert kept_cells == res.tables["eviction_kept"]["kept_pos"].list.len().sum()
     assert "token" in [d.name for d in cells.vdims]
     # step curves: mean over layers and heads, x = decode steps 1..n
     costs = ep.step_costs_plot(res, short_run.tokens, P)
     rec = costs.get(0)
-    want = res.steps.group_by("step").agg(pl.col("recall_at_k").mean()).sort("step")
+    want = res.tables["eviction_steps"].group_by("step").agg(pl.col("recall_at_k").mean()).sort("step")
     assert rec.dimension_values("step").tolist() == want["step"].to_list() and want["step"][0] == 1
     np.testing.assert_allclose(rec.dimension_values("recall"), want["recall_at_k"].to_numpy(), rtol=1e-6)
     assert rec.dimension_values("token")[0] == ep.visible(short_run.tokens.sort("pos")["text"][P])  # step 1's query
     assert costs.opts.get().kwargs["xlabel"] == "step (decode)"
     kl = ep.rerun_plot(res, short_run.tokens, P).get(0)
-    np.testing.assert_allclose(kl.dimension_values("kl_to_full"), res.rerun.filter(pl.col("step") >= 1)["kl_to_full"])
+    np.testing.assert_allclose(kl.dimension_values("kl_to_full"), res.tables["eviction_rerun"].filter(pl.col("step") >= 1)["kl_to_full"])
     assert "h2o, budget 0.5" in s.summary and "recall@8" in s.summary and "no prompt-clustered interval" in s.summary
 
 
@@ -94,7 +94,7 @@ def test_app_has_the_eviction_tab_before_export(short_run):
     app.main()
     names = list(app.tabs._names)
     assert names.index("Eviction") < names.index("Export")
-    assert app.eviction.state is app.state
+    assert app.study_cards["eviction"].state is app.state and names[names.index("Eviction") + 1] == "Compaction"
 
 
 def test_an_ndif_model_is_refused_in_one_sentence(view):

@@ -12,9 +12,9 @@ import pytest
 from bokeh.document import Document
 
 import trajscope as ts
-from trajscope.sae.index import FeatureIndex
+from trajscope.features.index import FeatureIndex
 from trajscope.escaping import md_text
-from trajscope.sae.labels import LABELS_FILE
+from trajscope.features.labels import LABELS_FILE
 from trajscope.ui import feature_plots as fp
 from trajscope.ui.state import AppState
 from trajscope.ui.views.features import SAMPLE_SAE, FeaturesView

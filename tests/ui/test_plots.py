@@ -168,3 +168,29 @@ def test_token_text_colour_has_the_higher_contrast():
     vals = np.array([0.0, 1.0, np.nan])
     assert text_colors(vals, "viridis", 0.0, 1.0) == ["white", "black", "black"]  # dark purple → white; yellow → black
     assert text_colors(vals, "YlOrRd", 0.0, 1.0)[:2] == ["black", "white"]  # pale yellow → black; dark red → white
+
+
+def test_token_strip_colours_a_chat_run_by_segment(short_run):
+    """Colour by segment: each position gets its segment's colour, and the colour bar names the segments."""
+    from trajscope import positions
+    from trajscope.ui.step_figures import TokenStripFigure
+
+    P = short_run.prompt_len
+    segs = [positions.SYSTEM] * 2 + [positions.USER] * (P - 2) + \
+        [positions.ASSISTANT] * (len(short_run.tokens) - P - 1) + [positions.THINKING]
+    tokens = short_run.tokens.with_columns(pl.Series("segment", segs))
+    values = plots.token_metric_values(tokens, "segment")
+    assert values["value"].to_list() == [float(positions.SEGMENTS.index(s)) for s in segs]
+    lay = plots.token_layout(tokens, values)
+    fig = TokenStripFigure()
+    fig.show(lay, P, "segment", list(plots.SEGMENT_COLORS.values()), categories=list(plots.SEGMENT_COLORS))
+    assert fig.source.data["segment"] == segs
+    assert (fig.mapper.low, fig.mapper.high) == (-0.5, len(positions.SEGMENTS) - 0.5)
+    assert fig.colorbar.major_label_overrides == dict(enumerate(positions.SEGMENTS))
+    assert fig.hover.tooltips[-1] == ("segment", "@segment")
+    # a numeric metric afterwards gets its scale back
+    fig.show(lay, P, "entropy", ["#000000", "#ffffff"])
+    assert fig.colorbar.major_label_overrides == {} and fig.hover.tooltips[-1] == ("entropy", "@value{0.000}")
+    # a run without a segment column: no colour, no error
+    old = plots.token_metric_values(short_run.tokens.drop("segment", strict=False), "segment")
+    assert old["value"].null_count() == len(old)

@@ -6,8 +6,8 @@ from trajscope.escaping import md_text
 from trajscope.trajectory import Trajectory
 from trajscope.ui.state import AppState
 from trajscope.studies.steering.card import SteeringView
-from trajscope.ui.views.compaction import CompactionView
-from trajscope.ui.views.eviction import EvictionView
+from trajscope.studies.compaction.card import CompactionView
+from trajscope.studies.eviction.card import EvictionView
 
 
 def _buttons(view, label: str):

@@ -10,7 +10,8 @@ import pytest
 
 from trajscope.model import sample_data_dir
 from trajscope.report import _bokeh_js
-from trajscope.report_compaction import section
+from trajscope.studies.compaction.section import section
+from trajscope.studies.registry import Result
 
 pytestmark = pytest.mark.ui
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.ui
 def test_section_renders_offline(tmp_path, page):
     from bokeh.embed import components
 
-    title, frag, figs = section(sample_data_dir() / "reports" / "compaction")
+    title, frag, figs = section(Result.load(sample_data_dir() / "reports" / "compaction", "compaction"))
     script, divs = components(figs)
     html = (f"<!doctype html><html><head><meta charset='utf-8'>{_bokeh_js()}{script}</head><body>"
             f"<h2>{title}</h2>{frag}{''.join(divs)}</body></html>")
@@ -29,6 +30,6 @@ def test_section_renders_offline(tmp_path, page):
     page.on("request", lambda r: requests.append(r.url))
     page.goto(path.as_uri())
     page.locator("canvas").nth(len(figs) - 1).wait_for(state="attached", timeout=90_000)
-    assert page.locator(".bk-Canvas").count() >= len(figs) == 4
-    assert page.get_by_text("Planted-signal check", exact=False).is_visible()
+    assert page.locator(".bk-Canvas").count() >= len(figs) == 3
+    assert page.get_by_text("Divergence of T3's hidden states", exact=False).is_visible()
     assert all(u.startswith("file:") or u.startswith("data:") for u in requests), requests

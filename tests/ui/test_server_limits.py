@@ -46,7 +46,7 @@ def test_the_runner_refuses_it_before_loading_a_model(short_run):
 
 
 def test_typed_compaction_sessions_are_capped_too():
-    from trajscope.ui.compaction_state import CompactionSettings
+    from trajscope.studies.compaction.state import CompactionSettings
 
     s = CompactionSettings()
     s.t1 = BIG

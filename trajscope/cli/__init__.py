@@ -6,8 +6,8 @@
 - :mod:`trajscope.cli.drift`: ``profile`` (the drift study's prefill profile) and ``drift``, an alias of
   ``study drift`` that keeps the prompt records' continuations (the decode-regime calibration report);
 - :mod:`trajscope.cli.sae`: ``harvest``, ``train-sae`` and ``sae-drift``;
-- :mod:`trajscope.cli.studies`: ``eviction`` (the KV-eviction study);
 - :mod:`trajscope.studies.flags`: ``study NAME``, one subcommand per registered study (flags from its config);
+- :mod:`trajscope.studies.eviction.cli`: ``eviction``, an alias of ``study eviction`` that also takes ``--runs``;
 - :mod:`trajscope.report_studies`: ``study-report`` (one offline HTML page of the studies in directories);
 - :mod:`trajscope.cli.options`: the options they share, defined once, and the one place where
   parsed options become a :class:`~trajscope.capture.CaptureConfig`.
@@ -26,11 +26,12 @@ import os
 import sys
 
 from trajscope import report_studies
-from trajscope.cli import capture, drift, prepare, sae, steer, studies
+from trajscope.cli import capture, drift, prepare, sae, steer
 from trajscope.studies import flags as registered_studies
+from trajscope.studies.eviction import cli as eviction_alias
 from trajscope.errors import TrajscopeError, first_sentence
 
-GROUPS = (capture, steer, drift, sae, prepare, studies, registered_studies, report_studies)
+GROUPS = (capture, steer, drift, sae, prepare, eviction_alias, registered_studies, report_studies)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,18 +1,16 @@
 """SAE subcommands of the ``trajscope`` CLI: ``harvest``, ``train-sae``, ``sae-drift`` and ``sae-index``.
 
 - ``trajscope harvest``: capture a prompt set's continuations and save one layer's
-  activations with their tags (:mod:`trajscope.sae.harvest`).
+  activations with their tags (:mod:`trajscope.features.harvest`).
 - ``trajscope train-sae``: train a prefill-only (``--decode-fraction 0``) or hybrid
   SAE on one or more harvests; writes the SAELens-format SAE, ``training_log.csv``
   (loss curve) and ``training_metrics.json``.
-- ``trajscope sae-drift``: the prefill→decode report (:mod:`trajscope.sae.reconstruction`)
-  — reconstruction by phase, decode depth, entropy band and position bin for every
-  training mix and seed, with prompt-clustered intervals, the seed spread and the
-  mix differences, and the feature overlap beside its matched-n null; writes
-  ``sae_drift.parquet``, ``sae_seeds.parquet``, ``sae_diff.parquet``,
-  ``sae_overlap.parquet``, ``sae_drift.json`` and ``sae_drift.txt``.
+- ``trajscope sae-drift``: an alias of the registered ``sae-drift`` study
+  (:mod:`trajscope.studies.sae_drift`, ``trajscope study sae-drift``) that evaluates a saved
+  harvest instead of harvesting a prompt set; writes the study's Result (``sae-drift*.parquet``,
+  ``sae-drift.result.json``) and the printed text, ``sae-drift.txt``.
 - ``trajscope sae-index``: the feature index (top-activating contexts and prefill/decode
-  density of every feature over a prompt set, :mod:`trajscope.sae.index`), written
+  density of every feature over a prompt set, :mod:`trajscope.features.index`), written
   beside the SAE (or to ``--out``).
 
 :func:`register` adds them to the main parser (:mod:`trajscope.cli`).
@@ -28,14 +26,13 @@ from typing import Any
 
 from trajscope.cli import options as opt
 from trajscope.errors import TrajscopeError
-from trajscope.trajectory import write_table
 
 
 def cmd_harvest(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from trajscope.prompts import read_prompts
-    from trajscope.sae.harvest import harvest
+    from trajscope.features.harvest import harvest
 
     opt.threads(args.threads)
     items = read_prompts(args.prompts)
@@ -87,8 +84,8 @@ def cmd_train_sae(args: argparse.Namespace) -> int:
     import polars as pl
     import torch
 
-    from trajscope.sae.harvest import Harvest
-    from trajscope.sae.train import TrainConfig, train_sae
+    from trajscope.features.harvest import Harvest
+    from trajscope.features.train import TrainConfig, train_sae
 
     opt.threads(args.threads)
     seeds = seed_list(args.seed)
@@ -139,39 +136,34 @@ def _parse_saes(items: list[str]) -> dict[str, list[str]]:
 
 
 def cmd_sae_drift(args: argparse.Namespace) -> int:
+    """The ``sae-drift`` study on a saved harvest (:func:`trajscope.studies.sae_drift.evaluate`); an alias kept for
+    the ``--harvest``/``--sae NAME=DIR,DIR`` form. Writes the study's Result and ``sae-drift.txt``."""
     from tqdm.auto import tqdm
 
-    from trajscope.sae.harvest import Harvest
-    from trajscope.sae.model import SAE
-    from trajscope.sae.reconstruction import format_report, reconstruction_report
+    from trajscope.features.harvest import Harvest
+    from trajscope.studies import sae_drift
 
     opt.threads(args.threads)
-    dirs = _parse_saes(args.sae)  # argument errors before any loading
+    mixes = _parse_saes(args.sae)  # argument errors before any loading
+    config = sae_drift.SaeDriftConfig(saes=tuple(f"{n}={d}" for n, dirs in mixes.items() for d in dirs),
+                                      overlap_k=args.overlap_k, n_boot=args.n_boot, n_null=args.n_null,
+                                      seed=args.seed, no_splice=args.no_splice)
     h = Harvest.load(args.harvest)
-    saes = {name: [SAE.load(p) for p in paths] for name, paths in dirs.items()}
+    config = sae_drift.with_harvest_settings(config, h.meta)  # the Result records how the harvest was made
+    saes = sae_drift.load_saes(config)
     model = None if args.no_splice else opt.load(args)
-    bars: dict[str, Any] = {}
+    with tqdm(desc="splice", unit="seq", disable=args.quiet or model is None) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.total, bar.n = total, done
+            bar.refresh()
 
-    def progress(name: str, done: int, total: int) -> None:
-        if args.quiet:
-            return
-        bar = bars.setdefault(name, tqdm(total=total, desc=f"splice {name}", unit="seq"))
-        bar.update(done - bar.n)
-        if done == total:
-            bar.close()
-
-    rep = reconstruction_report(h, saes, model=model, overlap_k=args.overlap_k, n_boot=args.n_boot,
-                                n_null=args.n_null, seed=args.seed, progress=progress)
+        result = sae_drift.evaluate(h, config, model, progress, saes=saes)
     out = opt.out_dir(args.out)
-    files = {"sae_drift.parquet": rep.drift, "sae_seeds.parquet": rep.seeds, "sae_diff.parquet": rep.diffs,
-             "sae_overlap.parquet": rep.overlap}
-    for fname, table in files.items():
-        write_table(table, out / fname)
-    (out / "sae_drift.json").write_text(json.dumps(rep.info, indent=1), encoding="utf-8")
-    text = format_report(rep, metrics=args.metrics.split(","))
-    (out / "sae_drift.txt").write_text(text + "\n", encoding="utf-8")
+    paths = result.save(out)
+    text = sae_drift.report_text(result, metrics=args.metrics.split(","))
+    (out / "sae-drift.txt").write_text(text + "\n", encoding="utf-8")
     print(text)
-    print(f"wrote {', '.join(str(out / f) for f in [*files, 'sae_drift.json', 'sae_drift.txt'])}", file=sys.stderr)
+    print(f"wrote {', '.join(str(p) for p in [*paths, out / 'sae-drift.txt'])}", file=sys.stderr)
     return 0
 
 
@@ -179,7 +171,7 @@ def cmd_sae_index(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from trajscope.prompts import read_prompts
-    from trajscope.sae.index import EXAMPLES_FILE, IndexSettings, build_index
+    from trajscope.features.index import EXAMPLES_FILE, IndexSettings, build_index
     from trajscope.sae.model import SAE
 
     opt.threads(args.threads)

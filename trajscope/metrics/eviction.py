@@ -54,13 +54,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
-
 import polars as pl
 import torch
 
 from trajscope.errors import TrajscopeError
-from trajscope.metrics.bands import depth_band_expr, sort_bands
 
 POLICIES = ("snapkv", "h2o", "streamingllm", "pyramidkv", "lookahead", "pseudo", "oracle")
 SINKS = 4
@@ -344,14 +341,6 @@ def step_costs(selection: Selection, decode: torch.Tensor, prompt_len: int, k: i
         "step": (grid[1].reshape(-1) + first_step).numpy().astype("int32"),
         "layer": grid[0].reshape(-1).numpy().astype("int16"), "head": grid[2].reshape(-1).numpy().astype("int16"),
         "recall_at_k": recall.reshape(-1).numpy(), "evicted_mass": evicted.reshape(-1).numpy()})
-
-
-def depth_summary(costs: pl.DataFrame, by: Sequence[str] = ("policy", "budget")) -> pl.DataFrame:
-    """Means of ``recall_at_k`` and ``evicted_mass`` by the ``by`` columns and decode-depth band."""
-    keys = [c for c in by if c in costs.columns]
-    out = (costs.with_columns(depth_band_expr(pl.col("step")).alias("depth_band"))
-           .group_by(*keys, "depth_band").agg(pl.col("recall_at_k", "evicted_mass").mean(), pl.len().alias("n")))
-    return sort_bands(out, *keys, "depth_band")
 
 
 def key_mask(selection: Selection, n_positions: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ LAQ (Lookahead Q-Cache, 2025; reference code noforit/Lookahead_Q-Cache) scores p
    renormalised over prompt keys — the rows are summed over the ``w + m`` queries for the keys before the
    window, max-pooled (kernel 7, ``F.max_pool1d``), and the top ``B − w`` are kept with the window.
 
-:func:`laq_scores` is stage 2 on attention rows; the study (:mod:`trajscope.studies.eviction_queries`) runs
+:func:`laq_scores` is stage 2 on attention rows; the study (:mod:`trajscope.studies.eviction.queries`) runs
 stages 1 and 2's draft through the model boundary.
 
 The reference masks the ``(w + m) × (w + m)`` block of the last ``w + m`` prompt keys lower-triangularly, as

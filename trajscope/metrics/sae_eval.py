@@ -17,7 +17,7 @@ Definitions (DESIGN.md, "SAE reconstruction"), over a set S of activation rows
 - ``kl``: mean over S of ``KL(p_clean ‖ p_spliced)`` of the next-token distribution,
   and ``ce_increase``: mean over S of ``−log p_spliced(next) + log p_clean(next)``,
   where ``p_spliced`` comes from the forward pass with the SAE's reconstruction
-  replacing the block output at every position (:mod:`trajscope.sae.splice`).
+  replacing the block output at every position (:mod:`trajscope.features.splice`).
 
 Grouping: ``prefill`` (all prompt positions) is the reference row; decode rows are
 grouped by continuation (greedy / sampled), by exact step (1, 8, 50, 200), by depth band (:data:`DEPTH_BANDS`) and by
@@ -129,7 +129,7 @@ def reconstruction_table(rows: pl.DataFrame, x: torch.Tensor, recons: Mapping[st
         x: ``[N, d]`` activations.
         recons: SAE name → (``x_hat [N, d]``, ``f [N, d_sae]``).
         splice: SAE name → frame of N rows with ``kl`` and ``ce_increase`` (null allowed),
-            in the order of ``rows`` (from :func:`trajscope.sae.splice.splice_rows`).
+            in the order of ``rows`` (from :func:`trajscope.features.splice.splice_rows`).
         steps: the exact decode steps to report.
 
     Returns:

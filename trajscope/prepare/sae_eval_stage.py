@@ -9,13 +9,13 @@ continuations), on rows of the evaluate files only, position 0 excluded:
 - L0 (mean active features per row); dead (never active on these rows) and dense
   (active on more than 1% of them) shares;
 - CE loss recovered, normalised by zero-ablation
-  (:mod:`trajscope.sae.ce_recovered`), for the ``ce_seeds`` on up to ``ce_max_seqs``
+  (:mod:`trajscope.features.ce_recovered`), for the ``ce_seeds`` on up to ``ce_max_seqs``
   evaluate sequences (taken round-robin over files);
 
 each with a bootstrap interval over files. Reproducibility across seeds: the share of
 one seed's features whose decoder row has cosine ≥ ``reproduce_cos`` with some
 feature of the other seed (both directions, all features and alive ones). The
-feature index (:mod:`trajscope.sae.index`) of seed 0 of the prefill-only SAE is
+feature index (:mod:`trajscope.features.index`) of seed 0 of the prefill-only SAE is
 built over every collected row (all files, both phases) and saved beside it.
 Writes ``metrics.parquet``, ``ce.parquet``, ``reproducibility.parquet`` and
 ``report.json``.
@@ -32,8 +32,8 @@ import torch
 from trajscope.metrics.sae_eval import reconstruction_stats
 from trajscope.prepare import MIXES, sae_name
 from trajscope.prepare.sae_stage import layer_rows
-from trajscope.sae.ce_recovered import ce_recovered_interval, ratio_interval, splice_ce
-from trajscope.sae.index import FeatureIndex, density_table, examples_table
+from trajscope.features.ce_recovered import ce_recovered_interval, ratio_interval, splice_ce
+from trajscope.features.index import FeatureIndex, density_table, examples_table
 from trajscope.sae.model import SAE
 from trajscope.stats import cluster_bootstrap
 from trajscope.studies.sae_stability import decoder_match

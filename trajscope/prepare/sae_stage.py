@@ -4,7 +4,7 @@ Training rows: block ``layer``'s output at positions ``≥ first_pos`` (the sink
 excluded) of the ``fit`` and ``calibrate`` files; the ``evaluate`` files are never
 seen. ``prefill-only`` draws every batch from prefill rows, ``hybrid`` a
 ``hybrid_decode_fraction`` share from the model's own greedy continuations (decode
-rows) — :func:`trajscope.sae.train.train_sae`, same steps and batch for both.
+rows) — :func:`trajscope.features.train.train_sae`, same steps and batch for both.
 Writes the SAE in SAELens' format (``cfg.json`` + ``sae_weights.safetensors``;
 the metadata names the model, its weights hash, the data and the sink treatment)
 and ``training_log.csv``.
@@ -18,7 +18,7 @@ import polars as pl
 import torch
 from safetensors import safe_open
 
-from trajscope.sae.train import TrainConfig, train_sae
+from trajscope.features.train import TrainConfig, train_sae
 
 TRAIN_PARTS = ("fit", "calibrate")
 

@@ -1,9 +1,27 @@
-"""Studies: questions about models that trajscope answers with its own engine, each a function, a command
-and Parquet tables.
+"""Studies: questions about models that trajscope answers with its own engine, each a registered package
+(:mod:`trajscope.studies.registry`), a command and Parquet tables.
 
-- eviction (:mod:`~trajscope.studies.eviction`, ``trajscope eviction``): do the prompt keys that a
-  KV-eviction policy keeps after prefill stay the ones decode attends to, and what does evicting the
-  rest cost the next-token distribution?
+From Python, ``trajscope.studies`` is the way in (``ts.studies``): :func:`studies` lists the
+registered studies by name, :func:`get` returns one (a :class:`Study`: its ``config`` class,
+``run(model, prompts, config)``, ``section(result)``), and :class:`Result` holds what a study
+returned or wrote (``Result.load(folder, name)``)::
+
+    import trajscope as ts
+    from trajscope.studies.prompts import encode_prompts, read_prompt_file
+
+    study = ts.studies.get("sae-drift")
+    model = ts.load_model("sample")
+    prompts = encode_prompts(model, read_prompt_file("sample_data/prompts/heldout_code.jsonl", 8), 96)
+    result = study.run(model, prompts, study.config(n_boot=200))
+    result.summaries["fvu decode prefill-only"], result.save("studies/sae-drift")
+
+- sae-drift (:mod:`~trajscope.studies.sae_drift`, ``trajscope study sae-drift``): does an SAE fitted on
+  prefill activations still reconstruct decode activations, and does a prefill/decode mix do better?
+- eviction and needle (:mod:`~trajscope.studies.eviction`, ``trajscope study eviction`` / ``needle``): do the
+  prompt keys that a KV-eviction policy keeps after prefill stay the ones decode attends to, what does
+  evicting the rest cost the next-token distribution, and does the model still retrieve a passkey?
+- compaction (:mod:`~trajscope.studies.compaction`, ``trajscope study compaction``): is masking compacted
+  turns the same as restarting from the summary?
 
 - drift (:mod:`~trajscope.studies.drift`, ``trajscope study drift``): does the residual stream during
   decode still look like prefill, against a prefill profile fitted and calibrated on other prompts?
@@ -36,3 +54,7 @@ layer and position), :class:`~trajscope.studies.common.Provenance`, the floor co
 bootstrap intervals in :mod:`~trajscope.studies.common`; prompt-set helpers in
 :mod:`~trajscope.studies.prompts`.
 """
+
+from trajscope.studies.registry import Result, Study, get, studies
+
+__all__ = ["studies", "get", "Result", "Study"]

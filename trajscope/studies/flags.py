@@ -6,8 +6,13 @@ Every registered study (:mod:`trajscope.studies.registry`) becomes a subcommand.
   ``--max-prompts``, ``--max-tokens``, ``--layers``, ``--device``, ``--dtype``, ``--threads``;
 - one per field of the study's frozen config dataclass: ``--field-name``, its help from the
   field's ``metadata["help"]``, its type from the annotation (``int``, ``float``, ``str``,
-  ``bool`` as a switch, ``tuple[int, ...]`` / ``tuple[str, ...]`` as comma-separated lists, any
-  of them ``| None``) and ``metadata["choices"]`` where given.
+  ``bool`` as a switch, ``tuple[int, ...]`` / ``tuple[float, ...]`` / ``tuple[str, ...]`` as
+  comma-separated lists, any of them ``| None``) and ``metadata["choices"]`` where given.
+
+A study that builds its own input (the needle study's passkey prompts, the compaction study's
+sessions) says so with a class attribute ``OWN_INPUT`` on its config (a phrase naming what it reads
+instead); it gets no ``--prompts``, ``--max-prompts`` or ``--max-tokens``, and its run receives
+``prompts=None``.
 
 A config field named ``header`` is text prepended to every prompt before the ``--max-tokens``
 cut (``default``: :data:`trajscope.studies.prompts.DEFAULT_HEADER`; ``none``: no header). A
@@ -27,6 +32,7 @@ from typing import Any
 from trajscope.errors import TrajscopeError
 from trajscope.studies.registry import Study, studies
 
+PROMPT_FLAGS = ("--prompts", "--max-prompts", "--max-tokens")  # left out for a config with OWN_INPUT
 # (flag, keywords) of the flags every study shares
 SHARED: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--model", {"default": "sample", "help": "'sample', 'smollm2', a model directory or a cached Hugging Face name"}),
@@ -49,6 +55,14 @@ def ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers like 1,4,16; got '{text}'") from exc
 
 
+def floats(text: str) -> tuple[float, ...]:
+    """``"0.1,0.5,6"`` → ``(0.1, 0.5, 6.0)``; argparse's error when it is not numbers."""
+    try:
+        return tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 0.1,0.5; got '{text}'") from exc
+
+
 def words(text: str) -> tuple[str, ...]:
     """``"a, b"`` → ``("a", "b")``."""
     return tuple(t.strip() for t in text.split(",") if t.strip())
@@ -64,7 +78,7 @@ def _flag_kwargs(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
     if hint is bool:
         return {**kw, "action": "store_true"}
     if typing.get_origin(hint) is tuple:
-        kw["type"] = ints if typing.get_args(hint)[0] is int else words
+        kw["type"] = {int: ints, float: floats}.get(typing.get_args(hint)[0], words)
         if default is not None:  # a string default goes through ``type``: shown as it is typed
             kw["default"] = ",".join(map(str, default))
     elif hint in (int, float, str):
@@ -76,12 +90,18 @@ def _flag_kwargs(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
     return kw
 
 
-def add_study_parser(sub: Any, study: Study) -> argparse.ArgumentParser:
-    """Add ``study`` as a subcommand of ``sub`` with the shared and its config's flags."""
+def add_study_parser(sub: Any, study: Study, command: str | None = None) -> argparse.ArgumentParser:
+    """Add ``study`` as a subcommand of ``sub`` (named ``command``, default the study's name) with the shared
+    and its config's flags."""
     text = study.question
-    p = sub.add_parser(study.name, help=text, description=f"{text[0].upper()}{text[1:]}.",
+    own = getattr(study.config, "OWN_INPUT", None)
+    p = sub.add_parser(command or study.name, help=text,
+                       description=f"{text[0].upper()}{text[1:]}{'' if text.endswith('?') else '.'}"
+                       + (f" Its input: {own}." if own else ""),
                        epilog=f"example: {study.example}", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for flag, kw in SHARED:
+        if own and flag in PROMPT_FLAGS:
+            continue
         p.add_argument(flag, **({**kw, "type": ints} if kw.get("type") == "ints" else kw))
     hints = typing.get_type_hints(study.config)
     for f in dataclasses.fields(study.config):
@@ -94,19 +114,17 @@ def add_study_parser(sub: Any, study: Study) -> argparse.ArgumentParser:
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``study`` with one subcommand per registered study (and compaction's own) to ``subparsers``."""
+    """Add ``study`` with one subcommand per registered study to ``subparsers``."""
     found = studies()
     study = subparsers.add_parser(
-        "study", help="run a registered study: " + ", ".join(sorted([*found, "compaction"])),
-        description="Run one study on a prompt set and write its tables and result marker under --out; "
+        "study", help="run a registered study: " + ", ".join(sorted(found)),
+        description="Run one study on a prompt set (or on the input it builds itself) and write its tables and "
+                    "result marker under --out; "
                     "'trajscope study-report DIR' renders any study's output.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog="example:\n  trajscope study determinism --prompts sample_data/prompts/heldout_code.jsonl "
                "--out studies/determinism (then 'trajscope study STUDY --help' for each study's options)")
     sub = study.add_subparsers(dest="study", required=True, metavar="STUDY")
-    from trajscope.studies import compaction_cli  # its sessions input is not a prompt set (converted later)
-
-    compaction_cli.register(sub)
     for s in found.values():
         add_study_parser(sub, s)
     return study
@@ -126,11 +144,12 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     study = get(args.study_name)
     config = config_from(args, study)
-    if args.max_prompts < 1:
+    own = getattr(study.config, "OWN_INPUT", None)
+    if not own and args.max_prompts < 1:
         raise TrajscopeError(f"--max-prompts must be at least 1, not {args.max_prompts}.")
     if args.threads is not None and args.threads < 1:
         raise TrajscopeError(f"--threads must be at least 1, not {args.threads}.")
-    items = P.read_prompt_file(args.prompts, args.max_prompts)
+    items = [] if own else P.read_prompt_file(args.prompts, args.max_prompts)
     header = getattr(config, "header", None)
     header = P.DEFAULT_HEADER if header == "default" else (None if header in (None, "", "none") else header)
     if header:
@@ -143,8 +162,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     bad = [x for x in (args.layers or ()) if not 0 <= int(x) < model.n_layers]
     if bad:
         raise TrajscopeError(f"Layer {bad[0]} is out of range; the model has layers 0..{model.n_layers - 1}.")
-    max_tokens = args.max_tokens + (len(model.encode(header)) if header and args.max_tokens else 0)
-    prompts = P.encode_prompts(model, items, max_tokens or None)  # the cut applies after the header
+    prompts = None
+    if not own:
+        max_tokens = args.max_tokens + (len(model.encode(header)) if header and args.max_tokens else 0)
+        prompts = P.encode_prompts(model, items, max_tokens or None)  # the cut applies after the header
     from tqdm.auto import tqdm
 
     with tqdm(desc=study.name, unit="item", file=sys.stderr, disable=None) as bar:
@@ -169,14 +190,18 @@ def print_summaries(result: Any) -> None:
 
     keep = ("rel_l2_mean", "rel_l2_mean_lo", "rel_l2_mean_hi", "rel_l2_max", "floor_rel_l2", "frac_above_floor",
             "frac_greedy_diverged", "share_never_produced", "n_positions", "n_reused", "value", "lo", "hi",
-            "seed_min", "seed_max")
-    with pl.Config(tbl_rows=60, tbl_cols=-1, tbl_width_chars=200, fmt_float="mixed", fmt_str_lengths=20,
+            "seed_min", "seed_max", "budget")
+    with pl.Config(tbl_rows=60, tbl_cols=-1, tbl_width_chars=200, fmt_float="mixed", fmt_str_lengths=36,
                    tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
         for key in (k for k in result.tables if k.endswith("_summary")):
             df = result.tables[key]
-            cols = [c for c in df.columns if df.schema[c] in (pl.String, pl.Int16, pl.Int32) or c in keep]
+            point = next((c for c in ("value", "estimate", "accuracy") if c in df.columns), "value")
+            df = df.rename({"lo": f"{point}_lo", "hi": f"{point}_hi"}, strict=False)
+            est = [c for c in df.columns if f"{c}_lo" in df.columns and f"{c}_hi" in df.columns]
+            n = next((c for c in ("n_prompts", "n_sessions", "n") if c in df.columns), None)
+            cols = [c for c in df.columns if df.schema[c] in (pl.String, pl.Int16, pl.Int32) or c in keep
+                    or c in est or c == n]
             cols = [c for c in cols if c not in ("device", "dtype", "padding_side")] or cols
-            merged = interval_columns(df.rename({"lo": "value_lo", "hi": "value_hi"}, strict=False),
-                                      ["rel_l2_mean", "value"], "n_prompts")  # "0.1 [lo, hi]", or why none
+            merged = interval_columns(df, est, n)  # "0.1 [lo, hi]", or why none
             print(f"{key}:")
             print(merged.select(c for c in cols if c in merged.columns))

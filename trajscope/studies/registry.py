@@ -165,12 +165,10 @@ _DISCOVERED = False
 def studies() -> dict[str, Study]:
     """Every registered study by name, after importing each study package under ``trajscope/studies/``."""
     global _DISCOVERED
-    if not _DISCOVERED:
-        import trajscope.studies as pkg
-
-        for info in pkgutil.iter_modules(pkg.__path__):
+    if not _DISCOVERED:  # by path and name: the package (which re-exports this module) is not imported here
+        for info in pkgutil.iter_modules([str(pathlib.Path(__file__).parent)]):
             if info.ispkg:
-                importlib.import_module(f"{pkg.__name__}.{info.name}")
+                importlib.import_module(f"{__package__}.{info.name}")
         _DISCOVERED = True
     return dict(_REGISTRY)
 

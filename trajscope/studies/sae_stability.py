@@ -12,7 +12,7 @@ The same prompt set is harvested (block ``layer`` output, every computed prompt 
 
 Prompts are split once into ``train`` and ``eval`` (:func:`trajscope.stats.split_ids`). For every
 mode and every seed, a TopK SAE is trained on the mode's ``train`` rows with one budget
-(:func:`trajscope.sae.train.train_sae`; the seed sets both the initialisation and the batch draws,
+(:func:`trajscope.features.train.train_sae`; the seed sets both the initialisation and the batch draws,
 so for ``batch`` and ``bfloat16`` — same rows, same order — a same-seed pair differs only in the
 activation values). Every SAE is evaluated on the **reference** harvest's ``eval`` rows.
 
@@ -286,7 +286,7 @@ def sae_stability_study(model: Any, prompts: Sequence[tuple[str, list[int]]], cf
         ``sae-stability_harvests`` (per mode), ``sae-stability_saes`` (per SAE × eval region),
         ``sae-stability_pairs`` (per pair), ``sae-stability_summary`` (per mode × kind × metric).
     """
-    from trajscope.sae.train import TrainConfig, train_sae
+    from trajscope.features.train import TrainConfig, train_sae
     from trajscope.studies.prompts import shared_prefix_len
 
     cfg.check(model.n_layers)

@@ -12,6 +12,11 @@ its own folder as ``trajscope prepare --ship`` writes it (``sample_data/smollm2/
 ``sample_data/smollm2/profile.safetensors``). When none
 fits, :func:`no_sae` / :func:`no_profile` name the commands that build one. No
 Panel here.
+
+Views never import the SAE package, the feature index or the model boundary
+themselves (a layout test checks it): they take what they load from here —
+:class:`SAE`, :class:`FeatureIndex` and :func:`density_table`, :class:`FeatureLabels`
+and :func:`sample_data_dir`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ import json
 import pathlib
 from typing import Any
 
+from trajscope.features.index import FeatureIndex, density_table  # noqa: F401  (re-exported for the views)
+from trajscope.features.labels import FeatureLabels  # noqa: F401  (re-exported for the views)
 from trajscope.model import sample_data_dir
+from trajscope.sae.model import SAE  # noqa: F401  (re-exported for the views)
 
 ALIASES = {"trajscope-tiny": "sample"}  # the sample model's directory name
 

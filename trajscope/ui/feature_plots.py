@@ -23,7 +23,7 @@ from bokeh.models import HoverTool
 
 from trajscope import positions
 from trajscope.escaping import html_text
-from trajscope.sae.labels import feature_name
+from trajscope.features.labels import feature_name
 from trajscope.ui.plots import PREFILL_COLOR
 
 DECODE_START = 0.5  # between step 0 (prefill) and step 1 (the first decode step)
@@ -143,7 +143,7 @@ def contexts_html(examples: pl.DataFrame) -> str:
     so an indentation token shows what it is).
 
     Args:
-        examples: rows of :attr:`trajscope.sae.index.FeatureIndex.examples` of one feature.
+        examples: rows of :attr:`trajscope.features.index.FeatureIndex.examples` of one feature.
     """
     if examples.is_empty():
         return "<p>This feature never fired on the index prompts.</p>"

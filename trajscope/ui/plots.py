@@ -33,6 +33,9 @@ CURVE_LABELS = {"entropy": "attention entropy (nats)", "entropy_norm": "attentio
                 "prefix_mass": "prefix (prompt) mass", "generated_mass": "generated mass",
                 "sink_mass": "sink mass (pos 0)", "sink4_mass": "sink mass (pos 0–3)", "self_mass": "self mass"}
 METRIC_CMAPS = {"entropy": "YlOrRd", "logprob": "PuBu_r", "drift": "RdBu_r"}
+# the token strip's colours by segment (a category, not a scale), in positions.SEGMENTS order
+SEGMENT_COLORS = {positions.SYSTEM: "#b0a8d8", positions.USER: "#7fb8e6", positions.ASSISTANT: "#8fd19e",
+                  positions.THINKING: "#f6b26b"}
 _WS = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "␍"})
 
 
@@ -68,7 +71,8 @@ def token_metric_values(tokens: pl.DataFrame, metric: str, drift: pl.DataFrame |
     Args:
         tokens: the ``tokens`` table.
         metric: a numeric column of ``tokens`` (``entropy``, ``logprob``, or any added per-token column),
-            or ``"drift"`` (then ``drift`` must be the frame of :func:`trajscope.metrics.position_zscore.position_zscore`).
+            ``"segment"`` (the index of the position's segment in :data:`trajscope.positions.SEGMENTS`), or
+            ``"drift"`` (then ``drift`` must be the frame of :func:`trajscope.metrics.position_zscore.position_zscore`).
     Returns:
         ``pos, value`` (Float64, null where undefined), one row per token.
     """
@@ -77,6 +81,12 @@ def token_metric_values(tokens: pl.DataFrame, metric: str, drift: pl.DataFrame |
         if drift is None or drift.is_empty():
             return base.with_columns(pl.lit(None, dtype=pl.Float64).alias("value"))
         return base.join(drift.select("pos", pl.col("drift").alias("value")), on="pos", how="left")
+    if metric == "segment":
+        if "segment" not in tokens.columns:  # a run saved before segments were recorded
+            return tokens.select("pos", pl.lit(None, dtype=pl.Float64).alias("value"))
+        codes = {name: float(i) for i, name in enumerate(positions.SEGMENTS)}
+        return tokens.select("pos", pl.col("segment").replace_strict(codes, default=None, return_dtype=pl.Float64)
+                             .alias("value"))
     return tokens.select("pos", pl.col(metric).cast(pl.Float64).fill_nan(None).alias("value"))
 
 
@@ -88,7 +98,7 @@ def token_layout(tokens: pl.DataFrame, values: pl.DataFrame | None = None, wrap:
         values: ``pos, value`` from :func:`token_metric_values` (colour), or None.
         wrap: characters per line.
     Returns:
-        One row per token: ``pos, step, phase, label, text, value, x0, x1, y0, y1, xc, yc``
+        One row per token: ``pos, step, phase, (segment,) text, label, value, x0, x1, y0, y1, xc, yc``
         (line r spans y ∈ [−r−1, −r]; a newline token ends its line).
     """
     labels = [visible(t) for t in tokens["text"].to_list()]
@@ -107,7 +117,8 @@ def token_layout(tokens: pl.DataFrame, values: pl.DataFrame | None = None, wrap:
     x0 = np.array(x0s, dtype=np.float64)
     w = np.array(widths, dtype=np.float64)
     y0 = np.array(y0s, dtype=np.float64)
-    out = tokens.select("pos", "step", "phase", pl.col("text")).with_columns(
+    keep = ["pos", "step", "phase", "text"] + (["segment"] if "segment" in tokens.columns else [])
+    out = tokens.select(keep).with_columns(
         pl.Series("label", labels, dtype=pl.String), pl.Series("x0", x0 + 0.05), pl.Series("x1", x0 + w - 0.05),
         pl.Series("y0", y0 + 0.08), pl.Series("y1", y0 + 0.92), pl.Series("xc", x0 + w / 2), pl.Series("yc", y0 + 0.5))
     if values is not None:

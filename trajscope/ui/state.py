@@ -31,7 +31,7 @@ from trajscope.ui.plan import CapturePlan
 DEMO_PROMPT = "def fibonacci(n):\n    "
 MEAN = -1  # head index meaning "mean over heads"
 TOKEN_METRICS = {"next-token entropy (nats)": "entropy", "logprob of the token": "logprob",
-                 "residual drift (z vs prefill)": "drift"}
+                 "residual drift (z vs prefill)": "drift", "chat turn (segment)": "segment"}
 _NOT_METRICS = {"pos", "step", "token_id", "entropy", "logprob"}
 COLUMN_NAMES = {"drift_score_max": "drift score (max over layers)",
                 "drift_flagged_layers": "layers over their drift threshold", "produced_at_step": "step that produced it"}

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import polars as pl
 from bokeh.events import Tap
-from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMapper, Range1d
+from bokeh.models import BasicTicker, ColorBar, ColumnDataSource, FixedTicker, HoverTool, LinearColorMapper, Range1d
 from bokeh.plotting import figure
 
 from trajscope.metrics.next_token import step_outputs
@@ -130,7 +130,7 @@ class TokenStripFigure:
 
     def __init__(self):
         self.source = ColumnDataSource({c: [] for c in ("x0", "x1", "y0", "y1", "xc", "yc", "value", "pos", "step",
-                                                         "token", "phase", "ink")})
+                                                         "token", "phase", "segment", "ink")})
         self.bar = ColumnDataSource({"x0": [], "y0": [], "x1": [], "y1": []})
         self.mapper = LinearColorMapper(palette="Viridis256", low=0.0, high=1.0, nan_color="#e0e0e0")
         self.lines = 1  # lines of tokens the strip has room for
@@ -146,28 +146,42 @@ class TokenStripFigure:
         fig.segment("x0", "y0", "x1", "y1", source=self.bar, color=CURSOR_COLOR, line_width=4)
         self.hover = HoverTool(renderers=[boxes], tooltips=[("pos", "@pos{0}"), ("step", "@step{0}"),
                                                             ("token", "@token"), ("phase", "@phase"),
-                                                            ("value", "@value{0.000}")])
+                                                            ("segment", "@segment"), ("value", "@value{0.000}")])
         fig.add_tools(self.hover)
         self.colorbar = ColorBar(color_mapper=self.mapper, width=10, title="value", title_text_font_size="8pt")
         fig.add_layout(self.colorbar, "right")
         self.figure = fig
 
-    def show(self, layout: pl.DataFrame, prompt_len: int, label: str, palette: list[str], centred: bool = False) -> None:
-        """Replace the boxes with ``layout``'s, coloured by its ``value`` with ``palette`` (centred on 0 if asked)."""
+    def show(self, layout: pl.DataFrame, prompt_len: int, label: str, palette: list[str], centred: bool = False,
+             categories: list[str] | None = None) -> None:
+        """Replace the boxes with ``layout``'s, coloured by its ``value`` with ``palette`` (centred on 0 if asked).
+
+        With ``categories``, ``value`` is a category's index and ``palette`` holds one colour per category:
+        the colour bar names the categories instead of showing a scale.
+        """
         value = _floats(layout["value"]) if len(layout) else np.zeros(0)
         finite = value[np.isfinite(value)]
         lo, hi = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
+        if categories:
+            lo, hi = -0.5, len(categories) - 0.5
+            self.colorbar.ticker = FixedTicker(ticks=list(range(len(categories))))
+            self.colorbar.major_label_overrides = {i: name for i, name in enumerate(categories)}
+        else:
+            self.colorbar.ticker = BasicTicker()
+            self.colorbar.major_label_overrides = {}
         if centred:
             m = max(abs(lo), abs(hi), 1e-9)
             lo, hi = -m, m
         hi = hi if hi > lo else lo + 1e-9
         self.mapper.update(palette=palette, low=lo, high=hi)
         self.colorbar.title = label
-        self.hover.tooltips = self.hover.tooltips[:-1] + [(label, "@value{0.000}")]
+        self.hover.tooltips = self.hover.tooltips[:-1] + [(label, "@segment" if categories else "@value{0.000}")]
         cols = {c: layout[c].to_numpy() for c in ("x0", "x1", "y0", "y1", "xc", "yc")}
         self.source.data = {**cols, "value": value, "pos": layout["pos"].cast(pl.Int64).to_numpy(),
                             "step": layout["step"].cast(pl.Int64).to_numpy(), "token": layout["label"].to_list(),
-                            "phase": layout["phase"].to_list(), "ink": text_colors(value, palette, lo, hi)}
+                            "phase": layout["phase"].to_list(),
+                            "segment": layout["segment"].to_list() if "segment" in layout.columns else [""] * len(layout),
+                            "ink": text_colors(value, palette, lo, hi)}
         b = layout.filter(pl.col("pos") == prompt_len)
         if len(b):
             x, y0 = float(b["x0"][0]) - 0.05, float(b["y0"][0]) - 0.08

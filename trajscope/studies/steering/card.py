@@ -133,7 +133,7 @@ class SteeringView(StateView):
 
     def steer(self, *_) -> None:
         """Capture the current prompt with the vector on from ``start_step``."""
-        from trajscope.capture import capture
+        from trajscope.ui.runner import capture
 
         base = self.state.trajectory
 

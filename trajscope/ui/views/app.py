@@ -2,9 +2,9 @@
 
 Layout: controls (model, prompt, Generate/Stop, open) on the left; on the right
 the step bar and the token strip, always visible, then the analyses in tabs
-(Overview · Attention · SAE features · Eviction · Compaction, then each registered study's card —
-Drift, Steering … in the registry's order — and Export), all following
-one :class:`~trajscope.ui.state.AppState`; a registered study's card is ``app.study_cards[name]``.
+(Overview · Attention · SAE features, then each registered study's card in its ``order`` — Drift,
+Steering, Eviction, Compaction … — and Export), all following one
+:class:`~trajscope.ui.state.AppState`; a registered study's card is ``app.study_cards[name]``.
 Each instance has its own state, so every browser session of ``panel serve`` (and every notebook
 cell) is independent; loaded models are shared through :mod:`trajscope.ui.runner`.
 
@@ -27,9 +27,7 @@ from trajscope.trajectory import Trajectory
 from trajscope.ui.state import AppState
 from trajscope.ui.views._base import StateView, provenance_line
 from trajscope.ui.views.attention import AttentionView
-from trajscope.ui.views.compaction import CompactionView
 from trajscope.ui.views.controls import Controls
-from trajscope.ui.views.eviction import EvictionView
 from trajscope.ui.views.export import ExportView
 from trajscope.ui.views.features import FeaturesView
 from trajscope.ui.views.live import LiveView
@@ -100,13 +98,11 @@ class TrajScope(StateView):
         self.telemetry = TelemetryView(state=self.state)
         self.export = ExportView(state=self.state)
         self.features = FeaturesView(state=self.state)
-        self.eviction = EvictionView(state=self.state)
-        self.compaction = CompactionView(state=self.state)
         self.live = LiveView(state=self.state)
         # one list of (tab title, view), built once: the core cards, each registered study's card, then Export
-        self._cards = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features),
-                       ("Eviction", self.eviction), ("Compaction", self.compaction)]
-        self.study_cards = {study.name: study.card(self.state) for study in registered_cards()}  # in tab order
+        self._cards = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features)]
+        # each registered study's card, by study name (app.study_cards["drift"]), in tab order
+        self.study_cards = {study.name: study.card(self.state) for study in registered_cards()}
         self._cards += [(study.tab_title, self.study_cards[study.name]) for study in registered_cards()]
         self._cards.append(("Export", self.export))
         self._provenance = [provenance_line(self.state) for _ in self._cards]  # one per card
@@ -206,8 +202,8 @@ def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample"
     Opens ``run_dir`` when it holds a run (default: ``sample_data/runs/demo`` on the sample model);
     without one, the page captures a short run of the demo prompt on ``model`` as soon as it is shown.
     """
-    from trajscope.model import sample_data_dir
     from trajscope.ui import operator
+    from trajscope.ui.artefacts import sample_data_dir
 
     if not operator.SESSIONS.enter():  # the operator's limit on concurrent sessions
         return Page(title=TITLE, font=FONT, main=[pn.pane.Alert(

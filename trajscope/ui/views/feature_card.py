@@ -1,8 +1,8 @@
 """Feature card: what one SAE feature is — its label, its prefill vs decode density, its top contexts.
 
 Part of the SAE features view (:mod:`.features`), which owns one card and sets
-its SAE's :class:`~trajscope.sae.labels.FeatureLabels` and
-:class:`~trajscope.sae.index.FeatureIndex` when the SAE loads. The feature
+its SAE's :class:`~trajscope.features.labels.FeatureLabels` and
+:class:`~trajscope.features.index.FeatureIndex` when the SAE loads. The feature
 shown is chosen by a click in the top-features table or in the select widget.
 The label typed here is saved beside the SAE at once (``labels.json``); when
 that directory cannot be written the card says so and keeps the label in memory.
@@ -15,8 +15,7 @@ import param
 import polars as pl
 
 from trajscope.escaping import html_text, md_text
-from trajscope.sae.index import FeatureIndex
-from trajscope.sae.labels import FeatureLabels
+from trajscope.ui.artefacts import FeatureIndex, FeatureLabels
 from trajscope.ui.feature_plots import contexts_html, density_text
 
 

@@ -26,10 +26,8 @@ import torch
 from trajscope import positions
 from trajscope.errors import TrajscopeError
 from trajscope.escaping import md_text
-from trajscope.model import sample_data_dir
-from trajscope.sae.index import FeatureIndex, density_table
-from trajscope.sae.labels import FeatureLabels
 from trajscope.ui import artefacts
+from trajscope.ui.artefacts import FeatureIndex, FeatureLabels, density_table, sample_data_dir
 from trajscope.ui import feature_plots as fp
 from trajscope.ui.tables import table_pane
 from trajscope.ui.views._base import StateView, in_background
@@ -123,7 +121,7 @@ class FeaturesView(StateView):
     # -- the SAE, its labels and index ---------------------------------------------------------
     def _load_sae(self):
         """The SAE at ``sae_path`` (cached) with its labels and index; tells the state its layer."""
-        from trajscope.sae.model import SAE
+        from trajscope.ui.artefacts import SAE
         from trajscope.ui.operator import config
 
         if self._sae_loaded_from != self.sae_path:

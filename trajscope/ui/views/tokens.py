@@ -66,9 +66,13 @@ class TokenStrip(StateView):
         self.layout_df = plots.token_layout(tokens, values)
         self.prompt_len = traj.prompt_len if traj is not None else 0
         label = _LABELS.get(metric, metric) + (f", layer {layer}" if metric == "drift" else "")
-        cmap = plots.METRIC_CMAPS.get(metric, "viridis")
-        self.strip.show(self.layout_df, self.prompt_len, label, process_cmap(cmap, ncolors=256),
-                        centred=cmap == "RdBu_r")
+        if metric == "segment":  # a category: one colour per segment, named on the colour bar
+            self.strip.show(self.layout_df, self.prompt_len, label, list(plots.SEGMENT_COLORS.values()),
+                            categories=list(plots.SEGMENT_COLORS))
+        else:
+            cmap = plots.METRIC_CMAPS.get(metric, "viridis")
+            self.strip.show(self.layout_df, self.prompt_len, label, process_cmap(cmap, ncolors=256),
+                            centred=cmap == "RdBu_r")
         self.cursor.set_step(st.step, *self._panes)
         self._follow(st.step)
 

@@ -1,0 +1,133 @@
+"""Compaction card (the app's Compaction tab, registered by :mod:`trajscope.studies.compaction`): one compacted
+session run with T1/T2 masked (A), restarted (B) and in full (C).
+
+The card shows a session ``<sys> <T1> <T2> <summary> <T3>`` — a synthetic one from the study's
+generator by default (a 4-digit number only T1 states; **New synthetic** picks another), or one
+typed into the five fields — and **Run** measures it with the app's model through the study's
+own run on that one session (:func:`trajscope.studies.compaction.state.run_session`, a Result), off the event loop:
+the three setups' greedy continuations after T3 side by side (and the control D), the per-layer
+divergence of T3's hidden states from C, the attention mass of T3's queries on the summary, and
+the probe's held-out accuracy by layer read from the shipped study of the same model. Only
+models the server's operator allows run (the app's model choice). One session takes about a
+second on the sample model, so the card has no Stop; a result that arrives after the fields
+changed is still shown, for the session that ran (its id is in the summary line).
+"""
+
+from __future__ import annotations
+
+
+import panel as pn
+import param
+
+from trajscope.errors import TrajscopeError
+from trajscope.escaping import html_text, md_text
+from trajscope.studies.compaction import plots as cp
+from trajscope.studies.compaction.state import CompactionSettings, run_session, summary_line
+from trajscope.ui.views._base import StateView, any_of, in_background
+
+NOTE = ("A masks T1 and T2 from T3's first query on through the model's key mask (the summary's states, computed "
+        "while T1/T2 were visible, are kept); B recomputes `<sys> <summary> <T3>` with fresh positions; C keeps "
+        "everything; D masks T1/T2 from the summary on (control). The probe needs many sessions, so its accuracy "
+        "comes from the shipped study tables (`trajscope study compaction`), not from this one session.")
+
+
+class CompactionView(StateView):
+    """Run one compacted session three ways and show continuations, divergence, attention and the probe."""
+
+    settings = param.ClassSelector(class_=CompactionSettings, doc="The session's segments and the card's result.")
+    model_loader = param.Callable(default=None, doc="``(source) -> ModelHandle``; default: the app's shared model cache.")
+
+    def __init__(self, **params):
+        params.setdefault("settings", CompactionSettings())
+        super().__init__(**params)
+        self._ticket = 0
+        self.state.param.watch(self._new_run, "revision")
+
+    def _new_run(self, *_) -> None:
+        """A new run (maybe on another model) replaces the page's: a session result of the old one is dropped."""
+        self._ticket += 1
+        self.settings.clear()
+        self.settings.busy = False
+
+    def _model(self):
+        from trajscope.ui.runner import local_model
+
+        return local_model(self.state, "compaction", self.model_loader)
+
+    def new_synthetic(self, *_) -> None:
+        """Fill the fields with the next synthetic session."""
+        if not self.settings.busy:
+            self.settings.use_synthetic((self.settings.seed + 1) % 10000)
+
+    def run(self, *_) -> None:
+        """Run the session in the fields (on a worker thread when served)."""
+        s = self.settings
+        if s.busy:
+            return
+        if self.state.busy:
+            s.status = "A new run is generating on the model this card uses; run the session once it is done."
+            return
+        try:
+            session = s.session()
+            from trajscope.ui.operator import config
+
+            n_new = config().new_tokens(int(s.max_new_tokens))
+        except TrajscopeError as exc:
+            s.param.update(status=str(exc), result=None, summary="")
+            return
+        self._ticket += 1
+        ticket = self._ticket
+        s.param.update(busy=True, result=None, summary="", status=f"Running session {session.session_id} as A, B, C "
+                                                                   f"and D ({n_new} greedy tokens each)…")
+
+        def work():
+            model = self._model()
+            return run_session(model, session, n_new), model.model_id
+
+        in_background(work, lambda out: self._finish(ticket, *out), lambda msg: self._finish(ticket, None, msg),
+                      name="trajscope-compaction", what="The compaction run")
+
+    def _finish(self, ticket: int, res, message: str) -> None:
+        """Show the result (``message``: the model it ran on) or why there is none (``message``: one sentence)."""
+        if ticket != self._ticket:
+            return
+        s = self.settings
+        if res is None:
+            s.param.update(busy=False, result=None, summary="", status=message)
+            return
+        s.param.update(busy=False, result=res, summary=f"On model `{message}`: {summary_line(res)}", status="")
+
+    def _plots(self, result):
+        if result is None:
+            return pn.pane.Markdown("Edit the session or keep the synthetic one, then press **Run**.",
+                                    css_classes=["ts-cp-empty"])
+        opts = dict(sizing_mode="stretch_width", linked_axes=False)
+        probe = cp.probe_plot(result)
+        parts = [pn.pane.HTML(cp.continuations_html(result), sizing_mode="stretch_width", css_classes=["ts-cp-cont"]),
+                 pn.pane.HoloViews(cp.divergence_plot(result), **opts),
+                 pn.pane.HoloViews(cp.attention_plot(result), **opts)]
+        parts.append(pn.pane.HoloViews(probe, **opts) if probe is not None else pn.pane.Markdown(md_text(result.probe_note)))
+        if probe is not None:
+            parts.append(pn.pane.Markdown(result.probe_note, styles={"font-size": "12px", "color": "#555"}))
+        return pn.Column(*parts, sizing_mode="stretch_width")
+
+    def __panel__(self):
+        s = self.settings
+        def area(p, name: str, height: int):  # text areas keep the segments' newlines (inputs drop them)
+            return pn.widgets.TextAreaInput.from_param(p, name=name, sizing_mode="stretch_width", height=height)
+
+        fields = [area(s.param.sys, "sys", 55), area(s.param.t1, "T1", 75), area(s.param.t2, "T2", 75),
+                  area(s.param.summary_text, "summary", 55), area(s.param.t3, "T3", 45)]
+        n_new = pn.widgets.IntInput.from_param(s.param.max_new_tokens, name="New tokens", width=110)
+        syn = pn.widgets.Button(label="New synthetic", width=120, css_classes=["ts-cp-synthetic"], disabled=pn.bind(any_of, s.param.busy, self.state.param.busy))
+        syn.on_click(self.new_synthetic)
+        run_btn = pn.widgets.Button(label="Run", color="primary", width=80, css_classes=["ts-cp-run"],
+                                    disabled=pn.bind(any_of, s.param.busy, self.state.param.busy))
+        run_btn.on_click(self.run)
+        busy = pn.indicators.LoadingSpinner(value=s.param.busy, width=24, height=24)
+        return pn.Column(
+            pn.pane.Markdown(NOTE, styles={"font-size": "12px", "color": "#555"}),
+            *fields, pn.Row(n_new, syn, run_btn, busy),
+            pn.pane.Str(pn.bind(html_text, s.param.status), css_classes=["ts-cp-status"]),
+            pn.pane.Markdown(pn.bind(md_text, s.param.summary), css_classes=["ts-cp-summary"]),
+            pn.bind(self._plots, s.param.result), sizing_mode="stretch_width")

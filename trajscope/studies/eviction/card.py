@@ -1,0 +1,148 @@
+"""Eviction card (the app's Eviction tab, registered by :mod:`trajscope.studies.eviction`): what a KV-cache
+eviction policy's choice of prompt keys costs this run's decode.
+
+For the run on screen, pick a policy (SnapKV, H2O, StreamingLLM, PyramidKV, lookahead,
+pseudo queries, oracle), a budget (fraction of the prompt kept per head) and, where the
+policy has one, the observation / recent window; **Run** runs the registered study's run
+function on this run's prompt with the app's model, off the event loop, and the card reads
+the :class:`~trajscope.studies.registry.Result` it returns (its summaries for the headline line). The card then shows which prompt positions each layer and head keeps,
+per decode step the recall of the decode-time top attended prompt keys in the kept set and
+the attention mass on evicted keys, and the real masked re-run's KL and greedy token
+agreement against the full cache, with the app's step as a red line. The study has no
+cancel point inside one prompt (a run of the sample model takes about a second), so the
+card has no Stop; a result that arrives after the run on screen changed is dropped.
+"""
+
+from __future__ import annotations
+
+
+import panel as pn
+import param
+
+from trajscope.escaping import html_text, md_text
+from trajscope.studies.eviction import plots as ep
+from trajscope.studies.eviction.state import LABELS, EvictionSettings, run_study
+from trajscope.ui.views._base import StateView, any_of, in_background
+from trajscope.ui.views._cursor import Cursor, vline
+
+NOTE = ("The study captures its own greedy run of this prompt (as many steps as this run) with every layer's "
+        "attention, chooses the kept prompt keys after prefill, then re-runs decode with the evicted keys masked "
+        "out of attention in the real model. Budget = kept prompt positions per head (fraction of the prompt, "
+        "window included). Recall@k = share of a decode step's top-k attended prompt positions that were kept.")
+
+
+class EvictionView(StateView):
+    """Run one eviction policy and budget on the current run's prompt and show what it costs, step by step."""
+
+    settings = param.ClassSelector(class_=EvictionSettings, doc="Policy, budget, window and the study's result.")
+    model_loader = param.Callable(default=None, doc="``(source) -> ModelHandle``; default: the app's shared model cache.")
+
+    def __init__(self, **params):
+        params.setdefault("settings", EvictionSettings())
+        super().__init__(**params)
+        self._ticket = 0
+        self.cursors: dict[str, Cursor] = {}
+        self._panes: list = []
+        self.state.param.watch(self._new_run, "revision")
+        self.state.param.watch(self._move, "step")
+        self.settings.param.watch(self._validate, ["budget", "window", "policy"])
+
+    # -- events -------------------------------------------------------------------------
+    def _new_run(self, *_) -> None:
+        self._ticket += 1  # a study still running belongs to the previous run: its result is dropped
+        self.settings.clear()
+        self.settings.busy = False
+
+    def _move(self, event) -> None:
+        for c in self.cursors.values():
+            c.set_step(event.new, *self._panes)
+
+    def _validate(self, *_) -> None:
+        traj = self.state.trajectory
+        msg = self.settings.check(traj.prompt_len) if traj is not None else None
+        if msg or self.settings.status.startswith(("Budget must", "The window")):
+            self.settings.status = msg or ""
+
+    # -- work (worker thread) -----------------------------------------------------------
+    def _model(self):
+        from trajscope.ui.runner import local_model
+
+        return local_model(self.state, "eviction", self.model_loader)
+
+    def run(self, *_) -> None:
+        """Run the study for the chosen policy and budget on the run on screen (on a worker thread when served)."""
+        s, traj = self.settings, self.state.trajectory
+        if s.busy:
+            return
+        if self.state.busy:
+            s.status = "A new run is generating; run the study on it once it is on screen."
+            return
+        if traj is None:
+            s.status = "Generate or open a run first: the study uses the run's prompt."
+            return
+        bad = s.check(traj.prompt_len)
+        if bad:
+            s.param.update(status=bad, result=None, summary="")
+            return
+        self._ticket += 1
+        ticket, policy, budget, window = self._ticket, s.policy, float(s.budget), int(s.window)
+        s.param.update(busy=True, result=None, summary="",
+                       status=f"Running {LABELS[policy]} at budget {budget:g} on run {traj.run_id}'s prompt…")
+
+        in_background(lambda: run_study(self._model(), traj, policy, budget, window),
+                      lambda res: self._finish(ticket, traj, res, ""), lambda msg: self._finish(ticket, traj, None, msg),
+                      name="trajscope-eviction", what="The eviction study")
+
+    def _finish(self, ticket: int, traj, res, message: str) -> None:
+        if ticket != self._ticket:
+            return
+        s = self.settings
+        if res is None:
+            s.param.update(busy=False, result=None, summary="", status=message)
+            return
+        s.param.update(busy=False, result=res, summary=ep.summary_line(res, traj.prompt_len), status="")
+
+    # -- display ------------------------------------------------------------------------
+    def _hover_tokens(self):
+        """The run's tokens when the study's greedy full run is this run (greedy, unsteered), else None."""
+        traj = self.state.trajectory
+        samp = traj.meta.get("sampling", {})
+        return traj.tokens if not samp.get("do_sample") and not traj.meta.get("steering") else None
+
+    def _cursor(self, name: str, element):
+        c = Cursor([vline()], lambda s: [{"location": float(s)}])
+        c.step = self.state.step
+        self.cursors[name] = c
+        return element.opts(hooks=[c.hook])
+
+    def _plots(self, result):
+        traj = self.state.trajectory
+        if result is None or traj is None:
+            self.cursors.clear()
+            return pn.pane.Markdown("Choose a policy and a budget, then press **Run**.", css_classes=["ts-ev-empty"])
+        P, toks = traj.prompt_len, self._hover_tokens()
+        opts = dict(sizing_mode="stretch_width", linked_axes=False)
+        panes = [pn.pane.HoloViews(ep.kept_heatmap(result, traj.tokens, P), **opts),
+                 pn.pane.HoloViews(self._cursor("costs", ep.step_costs_plot(result, toks, P)), **opts),
+                 pn.pane.HoloViews(self._cursor("rerun", ep.rerun_plot(result, toks, P)), **opts)]
+        self._panes = panes[1:]
+        return pn.Column(*panes, sizing_mode="stretch_width")
+
+    def __panel__(self):
+        s = self.settings
+        policy = pn.widgets.Select.from_param(s.param.policy, name="Policy", width=230,
+                                              options={LABELS[p]: p for p in s.param.policy.objects})
+        budget = pn.widgets.FloatInput.from_param(s.param.budget, name="Budget (fraction of prompt)", step=0.05,
+                                                  width=170, css_classes=["ts-ev-budget"])
+        window = pn.widgets.IntInput.from_param(s.param.window, name="Window", width=90,
+                                                disabled=pn.bind(lambda p: p == "streamingllm", s.param.policy))
+        run_btn = pn.widgets.Button(label="Run", color="primary", width=80, css_classes=["ts-ev-run"],
+                                    disabled=pn.bind(any_of, s.param.busy, self.state.param.busy))
+        run_btn.on_click(self.run)
+        busy = pn.indicators.LoadingSpinner(value=s.param.busy, width=24, height=24)
+        return pn.Column(
+            pn.pane.Markdown(NOTE, styles={"font-size": "12px", "color": "#555"}),
+            pn.Row(policy, budget, window, run_btn, busy),
+            pn.pane.Str(pn.bind(html_text, s.param.status), css_classes=["ts-ev-status"]),
+            pn.pane.Markdown(pn.bind(md_text, s.param.summary), css_classes=["ts-ev-summary"]),
+            pn.bind(self._plots, s.param.result), sizing_mode="stretch_width")
