@@ -114,3 +114,19 @@ def test_the_shipped_report_shows_the_shipped_headline():
     fpr = res.table("drift_heldout_fpr")
     pooled = float((fpr["fpr"] * fpr["n_positions"]).sum() / fpr["n_positions"].sum())
     assert res.summaries["prefill_flagged"]["value"] == pytest.approx(pooled)
+
+
+def test_the_study_command_reads_records_with_their_continuations(tiny_dirs, tmp_path):
+    """``trajscope study drift`` reads the prompt records itself: the continuation regime, its matched gap and the
+    decode-minus-continuation headline are there, as in ``trajscope drift``."""
+    from trajscope.cli import main
+
+    f = tmp_path / "c.jsonl"
+    f.write_text("\n".join(json.dumps({"id": f"c{i}", "prompt": p, "continuation": f"\n# line {i}\nz = {i} + 1\n" * 4})
+                           for i, p in enumerate(PROMPTS)))
+    out = tmp_path / "drift"
+    assert main(["study", "drift", "--model", str(tiny_dirs["llama"]), "--prompts", str(f), "--max-new-tokens", "6",
+                 "--no-eos", "--fpr", "0.1", "--n-boot", "50", "--trajectory-rate", "0.5", "--out", str(out)]) == 0
+    res = Result.load(out, "drift")
+    assert set(res.table("drift_positions")["regime"]) == {"prefill", "decode", "continuation"}
+    assert res.table("drift_gap").height and "decode_minus_continuation" in res.summaries

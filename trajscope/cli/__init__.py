@@ -4,7 +4,7 @@
   ``serve`` (the app), ``report`` (standalone HTML comparison), ``export`` (Parquet dataset);
 - :mod:`trajscope.cli.steer`: ``steer-sweep``, an alias of ``study steering`` (steering effect by start depth);
 - :mod:`trajscope.cli.drift`: ``profile`` (the drift study's prefill profile) and ``drift``, an alias of
-  ``study drift`` that keeps the prompt records' continuations (the decode-regime calibration report);
+  ``study drift`` that also writes the profile and prints the decode-regime calibration report;
 - :mod:`trajscope.cli.sae`: ``harvest``, ``train-sae`` and ``sae-drift``;
 - :mod:`trajscope.studies.flags`: ``study NAME``, one subcommand per registered study (flags from its config);
 - :mod:`trajscope.studies.eviction.cli`: ``eviction``, an alias of ``study eviction`` that also takes ``--runs``;

@@ -6,12 +6,11 @@ moments from the fit prompts, a per-layer threshold at ``--fpr`` from the calibr
 and the split itself in the profile's metadata.
 
 ``drift`` runs the drift study (:func:`trajscope.studies.drift.study.evaluate`, the same code as
-``trajscope study drift``) on the prompts the profile never saw, keeps the prompt records'
-``continuation`` and ``file`` fields (the matched regime and the resampling by source file),
-writes the study's Result under ``--out`` (``drift_positions``, ``drift_by_position``,
-``drift_by_depth``, ``drift_by_entropy``, ``drift_gap``, ``drift_heldout_fpr``,
-``drift_trajectory`` as Parquet, the marker ``drift.result.json`` with the headline numbers and
-the split) plus ``profile.safetensors``, and prints the report from that Result.
+``trajscope study drift``) on the prompts the profile never saw, writes the study's Result under
+``--out`` (``drift_positions``, ``drift_by_position``, ``drift_by_depth``, ``drift_by_entropy``,
+``drift_gap``, ``drift_heldout_fpr``, ``drift_trajectory`` as Parquet, the marker
+``drift.result.json`` with the headline numbers and the split) plus ``profile.safetensors``,
+and prints the report from that Result.
 """
 
 from __future__ import annotations
@@ -62,11 +61,9 @@ def cmd_drift(args: argparse.Namespace) -> int:
     """The registered drift study (:func:`trajscope.studies.drift.study.evaluate`) on a prompt file."""
     from tqdm.auto import tqdm
 
-    from trajscope.prompts import read_prompts
     from trajscope.studies.drift.study import DriftConfig, evaluate
 
-    items = read_prompts(args.prompts)
-    config = DriftConfig(profile=args.profile, fpr=args.fpr, max_new_tokens=args.max_new_tokens,
+    config = DriftConfig(prompts=args.prompts, profile=args.profile, fpr=args.fpr, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, no_eos=args.no_eos, seed=args.seed,
                          trajectory_rate=args.trajectory_rate, n_boot=args.n_boot, cluster=args.cluster)
     model = opt.load(args)
@@ -75,7 +72,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
             bar.total, bar.n = total, done
             bar.refresh()
 
-        result, prof = evaluate(model, items, config, progress)
+        result, prof = evaluate(model, None, config, progress)
     out = pathlib.Path(args.out)
     result.save(out)
     try:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import polars as pl
 
@@ -41,6 +41,14 @@ def _help(text: str, **more: Any) -> dict[str, Any]:
 class DriftConfig:
     """Decode vs prefill residual drift against a held-out prefill profile."""
 
+    # the command reads prompt records itself: their continuation and source file are part of the method
+    OWN_INPUT: ClassVar[str] = ('prompt records {"prompt", "id", optional "continuation" and "file"} from '
+                                "--prompts FILE, uncut")
+
+    prompts: str | None = field(default=None, metadata=_help(
+        'JSON-lines file of prompt records: {"prompt": ..., "id": ...} with optional "continuation" (the human '
+        'text that followed, for the matched regime) and "file" (the source, the resampling unit)'))
+    max_prompts: int | None = field(default=None, metadata=_help("use the first N records (default: all)"))
     profile: str | None = field(default=None, metadata=_help(
         "a profile file from 'trajscope profile' (its split names the held-out prompts); default: built here "
         "from the prompts' fit / calibrate split"))
@@ -66,6 +74,8 @@ class DriftConfig:
             raise TrajscopeError(f"--max-new-tokens must be at least 2, not {self.max_new_tokens}.")
         if self.n_boot < 1:
             raise TrajscopeError(f"--n-boot must be at least 1, not {self.n_boot}.")
+        if self.max_prompts is not None and self.max_prompts < 2:
+            raise TrajscopeError(f"--max-prompts must be at least 2, not {self.max_prompts}.")
         if self.cluster not in ("auto", "file", "prompt"):
             raise TrajscopeError(f"--cluster must be auto, file or prompt, not '{self.cluster}'.")
 
@@ -93,14 +103,15 @@ def held_out_split(prof: Any, ids: list[str], profile_path: str | None) -> dict:
     return out
 
 
-def evaluate(model: Any, prompts: Sequence[Any], config: DriftConfig, progress: Callable[[int, int], None] | None = None,
+def evaluate(model: Any, prompts: Sequence[Any] | None, config: DriftConfig, progress: Callable[[int, int], None] | None = None,
              layers: Sequence[int] | None = None) -> tuple[Result, Any]:
     """Run the drift study; returns ``(Result, the profile it scored against)``.
 
     Args:
         model: a :class:`~trajscope.model.ModelHandle`.
         prompts: prompt records (``prompt``, ``id``, optional ``continuation`` and ``file``) or ``(id, token ids)``
-            pairs (no continuation: the matched regime and the trajectory flag are left out).
+            pairs (no continuation: the matched regime and the trajectory flag are left out); None reads the
+            records of ``config.prompts`` (what ``trajscope study drift`` does).
         config: the study's settings.
         progress: ``(done, total)`` after each prompt.
         layers: blocks to report (default all; the trajectory statistic is taken over these).
@@ -111,7 +122,13 @@ def evaluate(model: Any, prompts: Sequence[Any], config: DriftConfig, progress: 
     from trajscope.studies.drift.build import build_profile, named_split
     from trajscope.studies.drift.runs import prompt_regime_rows
 
-    items = records(prompts)
+    if prompts is None:
+        if not config.prompts:
+            raise TrajscopeError("The drift study needs prompt records: give --prompts FILE.")
+        from trajscope.prompts import read_prompts
+
+        prompts = read_prompts(config.prompts)
+    items = records(prompts)[: config.max_prompts]
     ids = [it["id"] for it in items]
     by_id = dict(zip(ids, items))
     if config.profile:
@@ -184,7 +201,7 @@ def _trajectory(rows: pl.DataFrame, ev: pl.DataFrame, rate: float, notes: list[s
                          for name, r in t["rates"].items()])
 
 
-def run(model: Any, prompts: Sequence[Any], config: DriftConfig, progress: Callable[[int, int], None] | None = None,
+def run(model: Any, prompts: Sequence[Any] | None, config: DriftConfig, progress: Callable[[int, int], None] | None = None,
         layers: Sequence[int] | None = None) -> Result:
     """The registered run: :func:`evaluate`'s Result."""
     return evaluate(model, prompts, config, progress, layers)[0]
