@@ -19,13 +19,14 @@ rm -rf /tmp/trajscope-drift
     --profile sample_data/profiles/trajscope-tiny.safetensors --max-new-tokens 128 --no-eos \
     --trajectory-rate 0.1 --seed 0 --out /tmp/trajscope-drift | tee sample_data/reports/drift.txt
 for t in by_position by_depth by_entropy gap heldout_fpr trajectory; do
-    cp /tmp/trajscope-drift/$t.parquet sample_data/reports/drift_$t.parquet
+    cp /tmp/trajscope-drift/drift_$t.parquet sample_data/reports/drift_$t.parquet
 done
+cp /tmp/trajscope-drift/drift.result.json sample_data/reports/  # the headline numbers (drift_positions stays out: 0.8 MB)
 if [[ "${1:-}" == "--drift-only" ]]; then exit 0; fi
 head -n 8 sample_data/prompts/heldout_code.jsonl > /tmp/trajscope-steer-prompts.jsonl
 "${TS[@]}" steer-sweep --model sample --pairs sample_data/prompts/quotes_pairs.jsonl --layer 3 \
     --prompts /tmp/trajscope-steer-prompts.jsonl --depths 1,10,50,200 --strengths 0.5,1 --window 20 \
     --targets '"' ' "' '("' --out /tmp/trajscope-steer | tee sample_data/reports/steering.txt
-cp /tmp/trajscope-steer/summary.parquet sample_data/reports/steering_summary.parquet
-cp /tmp/trajscope-steer/steps.parquet sample_data/reports/steering_steps.parquet
+cp /tmp/trajscope-steer/steering_summary.parquet /tmp/trajscope-steer/steering.parquet \
+    /tmp/trajscope-steer/steering.result.json sample_data/reports/
 cp /tmp/trajscope-steer/vector.safetensors sample_data/vectors/quotes_caa_layer3.safetensors

@@ -59,9 +59,9 @@ def test_steer_sweep_cli(tiny_dirs, tmp_path, capsys):
     rc = main(["steer-sweep", "--model", str(tiny_dirs["llama"]), "--pairs", str(pairs), "--layer", "1",
                "--prompts", str(prompts), "--depths", "1,3", "--strengths", "2,6", "--window", "3", "--out", str(out)])
     assert rc == 0
-    summary = pl.read_parquet(out / "summary.parquet")
+    summary = pl.read_parquet(out / "steering_summary.parquet")
     assert summary.height == 4 and set(summary["start_step"]) == {1, 3}
-    assert pl.read_parquet(out / "steps.parquet")["kl_to_base"].null_count() == 0
+    assert pl.read_parquet(out / "steering.parquet")["kl_to_base"].null_count() == 0
     assert ts.SteeringVector.load(out / "vector.safetensors").layer == 1
     rc = main(["steer-sweep", "--model", str(tiny_dirs["llama"]), "--pairs", str(pairs), "--layer", "9",
                "--prompts", str(prompts), "--out", str(out)])

@@ -15,7 +15,7 @@ import trajscope as ts
 from trajscope.metrics.bands import depth_band_expr
 from trajscope.metrics.profile_drift import profile_drift_by_group, profile_drift_table, gaussian_kl
 from trajscope.profile import DriftProbe, ReferenceProfile, profile_from_residuals
-from trajscope.profile_build import build_profile
+from trajscope.studies.drift.build import build_profile
 
 WORDS = ["def", "x", "=", "(", ")", "return", "if", "for", "in", "self", ":", "1", "'a'", "None", "import", "os"]
 
@@ -146,7 +146,7 @@ def test_profile_and_drift_cli(tiny_dirs, tmp_path, capsys):
                  "--max-new-tokens", "10", "--no-eos", "--out", str(tmp_path / "drift")]) == 0
     out = capsys.readouterr().out
     assert "by absolute position bin x regime" in out and "no prompt has a 'continuation'" in out
-    by_depth = pl.read_parquet(tmp_path / "drift" / "by_depth.parquet")
+    by_depth = pl.read_parquet(tmp_path / "drift" / "drift_by_depth.parquet")
     assert set(by_depth["depth_band"]) == {"prefill", "1-4", "5-16"} and set(by_depth["layer"]) == {0, 1}
     assert set(by_depth["regime"]) == {"prefill", "decode"}  # no continuation in these prompts
     empty = tmp_path / "empty.jsonl"

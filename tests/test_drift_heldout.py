@@ -15,10 +15,10 @@ import torch
 import trajscope as ts
 from tiny import hf_reference
 from trajscope.capture import CaptureConfig
-from trajscope.drift_runs import continuation_residuals, prompt_regime_rows
-from trajscope.metrics import drift_regimes as dr
+from trajscope.studies.drift.runs import continuation_residuals, prompt_regime_rows
+from trajscope.studies.drift import regimes as dr
 from trajscope.profile import DriftProbe, ReferenceProfile, profile_from_residuals
-from trajscope.profile_build import build_profile, named_split, prompt_ids
+from trajscope.studies.drift.build import build_profile, named_split, prompt_ids
 from trajscope.prompts import read_prompts
 from trajscope.conformal import calibrate_max, false_alarm_rate
 
@@ -228,16 +228,17 @@ def test_drift_cli_end_to_end(tiny_dirs, tmp_path, capsys):
     for fragment in ("held-out prefill false-positive rate", "decode minus continuation", "trajectory-level flag",
                      f"evaluate {len(split['evaluate'])}"):
         assert fragment in out
-    pos = pl.read_parquet(tmp_path / "drift" / "positions.parquet")
+    pos = pl.read_parquet(tmp_path / "drift" / "drift_positions.parquet")
     ev = set(pos.filter(pl.col("split") == "evaluate")["prompt_id"])
     assert ev == set(split["evaluate"]) and not ev & (set(split["fit"]) | set(split["calibrate"]))
     assert set(pos.filter(pl.col("split") == "calibrate")["regime"]) == {"continuation"}
-    meta = pl.read_parquet_metadata(tmp_path / "drift" / "by_position.parquet")
-    assert json.loads(meta["trajscope_split"])["sizes"] == {k: len(split[k]) for k in ("fit", "calibrate", "evaluate")}
-    bp = pl.read_parquet(tmp_path / "drift" / "by_position.parquet")
+    marker = json.loads((tmp_path / "drift" / "drift.result.json").read_text())
+    assert marker["summaries"]["split"]["sizes"] == {k: len(split[k]) for k in ("fit", "calibrate", "evaluate")}
+    assert (tmp_path / "drift" / "profile.safetensors").is_file()
+    bp = pl.read_parquet(tmp_path / "drift" / "drift_by_position.parquet")
     assert {"score_lo", "score_hi", "flagged_frac_lo", "n_prompts"} <= set(bp.columns)
     assert set(bp["regime"]) == set(dr.REGIMES)
-    traj = pl.read_parquet(tmp_path / "drift" / "trajectory.parquet")
+    traj = pl.read_parquet(tmp_path / "drift" / "drift_trajectory.parquet")
     assert traj["n"].to_list() == [len(split["evaluate"])] * 4 and set(traj["rule"]) == {"trajectory", "any cell"} and traj["n_calibrate"][0] == len(split["calibrate"])
     # a profile without a recorded split, or one that saw every prompt, cannot give a held-out report
     ReferenceProfile(mean=torch.zeros(2, 32), var=torch.ones(2, 32), median_abs=torch.ones(2), stat_mean=torch.ones(2, 5),

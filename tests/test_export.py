@@ -103,7 +103,7 @@ def test_report_of_many_runs_summarises(tiny_models, tmp_path):
 
 
 def test_report_drift_section(tiny_models, tmp_path):
-    from trajscope.profile_build import build_profile
+    from trajscope.studies.drift.build import build_profile
 
     model = tiny_models["llama"]
     prof = build_profile(model, [f"def g{i}(y):\n    return y * {i}" for i in range(5)], fpr=0.05, progress=False)
@@ -117,7 +117,7 @@ def test_report_drift_section(tiny_models, tmp_path):
 
 
 def test_report_reads_run_directories_lazily(runs, tiny_models, tmp_path):
-    from trajscope.profile_build import build_profile
+    from trajscope.studies.drift.build import build_profile
 
     lazy = ts.Trajectory.load(runs[0][1], lazy=True)
     assert isinstance(lazy.attention, pl.LazyFrame) and lazy.tensors == {}

@@ -119,7 +119,7 @@ def test_only_the_model_boundary_runs_the_model():
 
 @pytest.mark.parametrize("metric", sorted(m for m in MODULES if _in(m, "trajscope.metrics")))
 def test_metrics_stay_pure(metric):
-    bad = {m for m in _closure(metric) for pkg in ("trajscope.capture", "trajscope.profile_build",
+    bad = {m for m in _closure(metric) for pkg in ("trajscope.capture", "trajscope.studies",
                                                     "trajscope.model", "trajscope.ui", "trajscope.features.harvest")
            if _in(m, pkg)}
     outside = set().union(*(GRAPH[m][1] for m in _closure(metric) | {metric}))

@@ -12,8 +12,8 @@ PUBLIC = ["load_model", "capture", "CaptureConfig", "Trajectory", "SteeringVecto
           "DriftProbe", "compare", "export", "TrajScope", "TrajscopeError", "studies"]
 # reached through their modules now (they were top-level names before the API was cut down)
 MODULE_ONLY = {"ModelHandle": "trajscope.model", "capture_batch": "trajscope.capture.batch",
-               "StepEvent": "trajscope.capture", "build_profile": "trajscope.profile_build",
-               "steering_sweep": "trajscope.sweep", "SweepResult": "trajscope.sweep", "Comparison": "trajscope.report",
+               "StepEvent": "trajscope.capture", "build_profile": "trajscope.studies.drift.build",
+               "steering_sweep": "trajscope.studies.steering.sweep", "SweepResult": "trajscope.studies.steering.sweep", "Comparison": "trajscope.report",
                "eviction": "trajscope.studies.eviction.engine"}
 
 

@@ -36,7 +36,7 @@ def test_massive_rule_needs_both_bars():
 
 def test_profile_drift_leaves_the_sink_out(tiny_models):
     import trajscope as ts
-    from trajscope.profile_build import build_profile
+    from trajscope.studies.drift.build import build_profile
 
     model = tiny_models["llama"]
     prof = build_profile(model, ["x = 1\ny = 2", "def f(a):\n    return a"], fpr=0.1, progress=False)

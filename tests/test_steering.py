@@ -9,9 +9,10 @@ import torch
 
 import trajscope as ts
 from tiny import hf_reference
-from trajscope.metrics.steering import decay_summary, kl_divergence, step_effects
+from trajscope.metrics.steering import kl_divergence, step_effects
+from trajscope.studies.steering.summary import decay_summary
 from trajscope.steering import SteeringVector
-from trajscope.sweep import steering_sweep
+from trajscope.studies.steering.sweep import steering_sweep
 
 PROMPT = "def parse(text):\n    "
 
@@ -112,10 +113,33 @@ def test_decay_summary_half_life():
                           "token_changed": [False, False, True, True, False, False, False]})
     s = decay_summary(steps, window=3)
     row = s.row(0, named=True)
-    assert row["onset_kl_mean"] == 1.0 and row["half_life_median"] == 3
+    # KL halves 3 steps after onset: outside the window of steps 2, 3, 4, so not within it
+    assert row["onset_kl_mean"] == 1.0 and row["half_life_median"] is None and row["halved_frac"] == 0.0
     # equal window: steps 2, 3, 4 only (changed: True, True, False)
     assert row["effect_mean"] == pytest.approx(0.8) and row["changed_frac"] == pytest.approx(2 / 3)
     assert row["steps_counted"] == 3 and row["end_kl_mean"] == pytest.approx(0.6)
+    row = decay_summary(steps, window=4).row(0, named=True)  # a window that holds step 5
+    assert row["half_life_median"] == 3 and row["halved_frac"] == 1.0
+
+
+def test_half_life_is_taken_over_the_same_window_for_every_depth():
+    """Both depths fall the same way from onset and halve 5 steps after it; in runs of 10 steps k=1 has
+    room for that, k=5 (steps 5..9) does not. Over an equal window neither halves: searching the rest of
+    the run (issue 31) gave k=1 a half-life of 5 and k=5 none, a depth effect made by the window alone."""
+    fall = [1.0, 0.9, 0.8, 0.7, 0.6, 0.4, 0.3, 0.2, 0.1]
+    rows = []
+    for pi in range(3):
+        for k in (1, 5):
+            for s in range(10):
+                kl = fall[s - k] if k <= s < k + len(fall) else 0.0
+                rows.append({"run_id": f"p{pi}", "prompt_idx": pi, "start_step": k, "strength": 1.0, "step": s,
+                             "kl_to_base": kl, "token_changed": s >= k})
+    for window in (3, 5):  # 5: every step k=5 has
+        by = {r["start_step"]: r for r in decay_summary(pl.DataFrame(rows), window=window).iter_rows(named=True)}
+        assert by[1]["half_life_median"] is None and by[5]["half_life_median"] is None, window
+        assert by[1]["halved_frac"] == by[5]["halved_frac"] == 0.0
+    wide = {r["start_step"]: r for r in decay_summary(pl.DataFrame(rows), window=6).iter_rows(named=True)}
+    assert wide[1]["half_life_median"] == 5 and wide[5]["n_runs"] == 0 and wide[5]["n_short"] == 3
 
 
 def test_equal_windows_count_the_same_steps_for_every_depth_and_compare_with_step_one():

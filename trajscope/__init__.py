@@ -26,8 +26,8 @@ reached through its module and may change.
 
 Reached through their modules: ``trajscope.model.ModelHandle`` (what :func:`load_model`
 returns), ``trajscope.capture.batch.capture_batch``, ``trajscope.capture.StepEvent`` (what a
-streaming callback receives), ``trajscope.profile_build.build_profile``,
-``trajscope.sweep.steering_sweep``, ``trajscope.studies.eviction.engine.eviction`` and
+streaming callback receives), ``trajscope.studies.drift.build.build_profile``,
+``trajscope.studies.steering.sweep.steering_sweep``, ``trajscope.studies.eviction.engine.eviction`` and
 ``trajscope.report.Comparison``.
 """
 

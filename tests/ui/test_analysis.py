@@ -10,11 +10,14 @@ import polars as pl
 import pytest
 
 import trajscope as ts
-from trajscope.profile_build import build_profile
-from trajscope.ui import analysis_plots as ap
-from trajscope.ui.analysis_state import DriftSettings, parse_depths, skipped_depths
+from trajscope.studies.drift.build import build_profile
+from trajscope.studies.drift import plots as dp
+from trajscope.studies.drift.card import DriftView
+from trajscope.studies.drift.state import DriftSettings
+from trajscope.studies.steering import plots as sp
+from trajscope.studies.steering.card import SteeringView
+from trajscope.studies.steering.state import parse_depths, skipped_depths
 from trajscope.ui.state import AppState
-from trajscope.ui.views.analysis import DriftView, SteeringView
 
 PROMPTS = [f"def f{i}(x):\n    return x + {i}" for i in range(6)]
 
@@ -57,13 +60,13 @@ def test_drift_plots_carry_the_scores(llama, profile_path):
     view = DriftView(state=AppState(), settings=DriftSettings(profile_path=str(profile_path)))
     view.state.set_trajectory(traj, step=0)
     drift = view.settings.drift
-    hm = ap.drift_heatmap(drift, traj.prompt_len, traj.tokens["text"].to_list())
+    hm = dp.drift_heatmap(drift, traj.prompt_len, traj.tokens["text"].to_list())
     hv.render(hm)  # draws (HeatMap grids its value columns, the token text included)
     heat = hm.get(0)
     # every score but the sink's (pos 0, shown apart: it would set the colour scale)
     np.testing.assert_allclose(np.sort(heat.dimension_values("score")),
                                np.sort(drift.filter(pl.col("pos") > 0)["score"].to_numpy()))
-    curves = ap.drift_curves(drift, view.settings.thresholds, traj.prompt_len)
+    curves = dp.drift_curves(drift, view.settings.thresholds, traj.prompt_len)
     hlines = [el for el in curves if el.__class__.__name__ == "HLine"]
     assert sorted(h.data for h in hlines) == sorted(view.settings.thresholds.values())
     labels = [el.label for el in curves if el.__class__.__name__ == "Curve"]  # each layer's threshold in its legend entry
@@ -85,7 +88,7 @@ def test_drift_plots_carry_the_scores(llama, profile_path):
 def test_aligned_continuations_marks_first_divergence():
     base = pl.DataFrame({"pos": list(range(6)), "text": ["a", "b", "c", "d", "e", "f"]})
     steered = pl.DataFrame({"pos": list(range(6)), "text": ["a", "b", "c", "d", "X", "Y"]})
-    out = ap.aligned_continuations(base, steered, prompt_len=2, start_step=1)
+    out = sp.aligned_continuations(base, steered, prompt_len=2, start_step=1)
     rows = out.split("<tr")[2:]
     assert "first divergence" in rows[2] and "first divergence" not in "".join(rows[:2] + rows[3:])
     assert "steering on" in rows[1]
@@ -95,12 +98,12 @@ def test_effect_and_decay_plots():
     steps = pl.DataFrame({"run_id": ["a"] * 6, "start_step": [1, 1, 1, 2, 2, 2], "strength": [2.0] * 6,
                           "step": [0, 1, 2, 0, 1, 2], "kl_to_base": [0.0, 0.5, 0.25, 0.0, 0.0, 0.4],
                           "token_changed": [False, True, True, False, False, True]})
-    from trajscope.metrics.steering import decay_summary
+    from trajscope.studies.steering.summary import decay_summary
 
-    curves = ap.effect_curves(steps)
+    curves = sp.effect_curves(steps)
     first = [el for el in curves if el.__class__.__name__ == "Curve"][0]
     assert first.dimension_values(1).tolist()[1:] == [0.5, 0.25]
-    dec = ap.decay_plot(decay_summary(steps, window=1))  # equal windows: one steered step for each depth
+    dec = sp.decay_plot(decay_summary(steps, window=1))  # equal windows: one steered step for each depth
     pts = [el for el in dec if el.__class__.__name__ == "Scatter"][0]
     assert pts.dimension_values(0).tolist() == [1, 2]
     assert pts.dimension_values(1).tolist() == pytest.approx([0.5, 0.4])
@@ -127,7 +130,7 @@ def test_steering_view_runs_off_the_event_loop(llama, tmp_path):
     deadline = time.time() + 60
     while view.settings.busy and time.time() < deadline:
         time.sleep(0.05)
-    assert view.settings.sweep_summary["start_step"].to_list() == [1, 3], view.settings.status
+    assert view.settings.sweep.table("steering_summary")["start_step"].to_list() == [1, 3], view.settings.status
     view.settings.pairs_path = str(tmp_path / "missing.jsonl")
     view._vectors.clear()
     view.steer()
@@ -171,7 +174,7 @@ def test_steering_mode_reaches_the_vector_and_results_clear_on_a_new_run(short_r
     from trajscope.ui.views.app import TrajScope
 
     app = TrajScope(trajectory=short_run)
-    s = app.steering.settings
+    s = app.study_cards["steering"].settings
     s.param.update(mode="clamp", strength=2.5, start_step=4)
     vec = s.vector(SteeringVector(direction=torch.ones(8), layer=3))
     assert (vec.mode, vec.strength, vec.start_step, vec.layer) == ("clamp", 2.5, 4, 3)

@@ -5,7 +5,7 @@ import json
 import trajscope as ts
 from trajscope.ui import artefacts
 from trajscope.ui.state import AppState
-from trajscope.ui.views.analysis import DriftView
+from trajscope.studies.drift.card import DriftView
 from trajscope.ui.views.features import SAMPLE_SAE, FeaturesView
 
 DEEP = {"model_id": "other-576", "n_layers": 30, "d_model": 576}

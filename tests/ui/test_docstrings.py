@@ -9,6 +9,10 @@ import trajscope.studies.compaction.card
 import trajscope.studies.compaction.state
 import trajscope.studies.eviction.card
 import trajscope.studies.eviction.state
+import trajscope.studies.drift.card
+import trajscope.studies.drift.state
+import trajscope.studies.steering.card
+import trajscope.studies.steering.state
 import trajscope.ui.state
 import trajscope.ui.views.app
 import trajscope.ui.views.attention
@@ -25,7 +29,10 @@ MODULES = [trajscope.ui.state, trajscope.studies.compaction.state, trajscope.stu
            trajscope.studies.eviction.state, trajscope.studies.eviction.card, trajscope.ui.views.app, trajscope.ui.views.attention, trajscope.ui.views.controls,
            trajscope.ui.views.export, trajscope.ui.views.feature_card,
            trajscope.ui.views.features, trajscope.ui.views.keys, trajscope.ui.views.player,
-           trajscope.ui.views.telemetry, trajscope.ui.views.tokens]
+           trajscope.ui.views.telemetry, trajscope.ui.views.tokens,
+           # the registered studies' cards and their state
+           trajscope.studies.drift.card, trajscope.studies.drift.state, trajscope.studies.steering.card,
+           trajscope.studies.steering.state]
 
 
 def ui_classes():
@@ -40,7 +47,7 @@ def ui_classes():
 def test_found_the_classes():
     names = {c.__name__ for c in ui_classes()}
     assert {"AppState", "TrajScope", "Controls", "StepPlayer", "TokenStrip", "AttentionView", "TelemetryView",
-            "ExportView", "ArrowKeys"} <= names
+            "ExportView", "ArrowKeys", "DriftView", "DriftSettings", "SteeringView", "SteeringSettings"} <= names
 
 
 @pytest.mark.parametrize("cls", ui_classes(), ids=lambda c: c.__name__)

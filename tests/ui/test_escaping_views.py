@@ -30,7 +30,7 @@ def pane_html(layouts) -> list[str]:
 
 def test_payloads_in_every_echoing_pane_stay_text(short_run):
     app = TrajScope(trajectory=short_run)
-    views = [app.controls, app.player, app.features, app.features.card, app.drift, app.steering, app.study_cards["eviction"],
+    views = [app.controls, app.player, app.features, app.features.card, app.study_cards["drift"], app.study_cards["steering"], app.study_cards["eviction"],
              app.study_cards["compaction"]]
     layouts = [v.__panel__() for v in views]
     doc = Document()
@@ -43,8 +43,8 @@ def test_payloads_in_every_echoing_pane_stay_text(short_run):
     card.labels.set(3, PAYLOAD)
     card.param.update(feature=3, message=f"Could not save to {PAYLOAD}.")
     app.features.message = f"No SAE directory at {PAYLOAD}."
-    app.drift.settings.param.update(drift=None, message=f"No profile at {PAYLOAD}.")
-    app.steering.settings.status = f"Depths {PAYLOAD} are not numbers."
+    app.study_cards["drift"].settings.param.update(drift=None, message=f"No profile at {PAYLOAD}.")
+    app.study_cards["steering"].settings.status = f"Depths {PAYLOAD} are not numbers."
     app.study_cards["eviction"].settings.param.update(status=PAYLOAD, summary=PAYLOAD)
     app.study_cards["compaction"].settings.param.update(status=PAYLOAD, summary=PAYLOAD)
     shown = pane_html(layouts)

@@ -48,7 +48,7 @@ def test_sae_and_drift_show_plots_for_a_new_run(app_page):
     assert app.features._enc is not None and app.features._enc["rel_err"].shape[0] == traj.residual(3).shape[0]
     page.locator(".bk-tab", has_text="Drift").click()
     wait_until(lambda: any("Residual drift" in t for t in page.evaluate(TITLES)), page, timeout=TIMEOUT)
-    assert app.drift.settings.drift["pos"].max() >= traj.prompt_len
+    assert app.study_cards["drift"].settings.drift["pos"].max() >= traj.prompt_len
     # the step box shows the step on screen
     box = page.locator(".ts-step-box input")
     wait_until(lambda: box.input_value() == str(app.state.step) == str(traj.n_steps - 1), page, timeout=TIMEOUT)

@@ -152,16 +152,16 @@ def test_payloads_stay_text_everywhere(bad_runs, sae_copy, app_page, tmp_path):
             assert json.loads((sae_copy / "labels.json").read_text())[str(app.features.card.feature)] == PAYLOAD
         if tab == "Drift":
             set_field(page, "Profile", PAYLOAD)
-            wait_until(lambda: PAYLOAD in app.drift.settings.message, page, timeout=TIMEOUT)
+            wait_until(lambda: PAYLOAD in app.study_cards["drift"].settings.message, page, timeout=TIMEOUT)
             check(page, dialogs, "profile field", shows=SHOWN)
         if tab == "Steering":
             set_field(page, "CAA contrast pairs", PAYLOAD)
             page.get_by_role("button", name="Steer", exact=True).click()
-            wait_until(lambda: PAYLOAD in app.steering.settings.status, page, timeout=TIMEOUT)
+            wait_until(lambda: PAYLOAD in app.study_cards["steering"].settings.status, page, timeout=TIMEOUT)
             check(page, dialogs, "pairs field", shows=SHOWN)
             set_field(page, "Sweep depths", PAYLOAD)
             page.get_by_role("button", name="Depth sweep").click()
-            wait_until(lambda: "Depths must be" in app.steering.settings.status, page, timeout=TIMEOUT)
+            wait_until(lambda: "Depths must be" in app.study_cards["steering"].settings.status, page, timeout=TIMEOUT)
             check(page, dialogs, "sweep depths field", shows=f"not '{SHOWN}'")
         if tab == "Export":
             set_field(page, "Compare with run directory (optional)", PAYLOAD)

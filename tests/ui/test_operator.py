@@ -64,8 +64,8 @@ def test_the_app_refuses_and_reads_nothing(data, monkeypatch, sample_model, fres
         app.state.run_path = bad
         app.controls.open_run()
         assert "outside the directories" in app.state.error and app.state.trajectory is None
-    app.drift.settings.profile_path = "/etc/passwd"
-    assert "outside the directories" in app.drift.settings.message
+    app.study_cards["drift"].settings.profile_path = "/etc/passwd"
+    assert "outside the directories" in app.study_cards["drift"].settings.message
     app.state.param.update(prompt="x = 1", max_new_tokens=21, error="")
     assert app.controls.generate(dispatch=lambda fn: fn()) is None and "capped at 20" in app.state.error
 

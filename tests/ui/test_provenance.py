@@ -5,7 +5,7 @@ import panel as pn
 from trajscope.escaping import md_text
 from trajscope.trajectory import Trajectory
 from trajscope.ui.state import AppState
-from trajscope.ui.views.analysis import SteeringView
+from trajscope.studies.steering.card import SteeringView
 from trajscope.studies.compaction.card import CompactionView
 from trajscope.studies.eviction.card import EvictionView
 

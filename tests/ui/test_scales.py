@@ -3,6 +3,7 @@
 import numpy as np
 import polars as pl
 
+from trajscope.studies.drift import plots as dp
 from trajscope.ui import analysis_plots as ap
 from trajscope.ui import plots
 
@@ -17,7 +18,7 @@ def _drift(n_layers=30, n_pos=40, prompt_len=10, sink=75.0):
 
 def test_drift_scale_is_centred_at_one_and_not_set_by_the_sink():
     drift, P = _drift()
-    hm = ap.drift_heatmap(drift, P).get(0)
+    hm = dp.drift_heatmap(drift, P).get(0)
     lo, hi = hm.opts.get().kwargs["clim"]
     assert abs((lo + hi) / 2 - 1) < 1e-9 and hi < 3  # the sink (75) would make it 0–151
     assert 0 not in hm.data["pos"].to_list() and "pos 0 (attention sink) left out" in hm.opts.get().kwargs["title"]
@@ -28,7 +29,7 @@ def test_drift_scale_is_centred_at_one_and_not_set_by_the_sink():
 
 def test_drift_curves_keep_a_legend_that_fits():
     drift, P = _drift()
-    curves = [e for e in ap.drift_curves(drift, {}, P).values() if e.label]
+    curves = [e for e in dp.drift_curves(drift, {}, P).values() if e.label]
     assert 1 < len(curves) <= len(ap.LAYER_COLORS)
 
 

@@ -19,7 +19,7 @@ MARKER = "MARKERndifKEY7f3a9c"  # letters and digits only: no escaping may hide 
 def page_json(app: TrajScope) -> str:
     """Every property of every model of the rendered page, but the key field's own value."""
     doc, seen = Document(), []
-    for view in (app, app.attention, app.features, app.drift, app.steering, app.study_cards["eviction"], app.study_cards["compaction"], app.export):
+    for view in (app, app.attention, app.features, app.study_cards["drift"], app.study_cards["steering"], app.study_cards["eviction"], app.study_cards["compaction"], app.export):
         for m in view.__panel__().get_root(doc).references():
             if type(m).__name__ == "PasswordInput":  # the one field that holds what the user typed
                 continue

@@ -10,9 +10,9 @@ import pytest
 
 from trajscope.errors import TrajscopeError
 from trajscope.ui import operator, runner
-from trajscope.ui.analysis_state import MAX_SWEEP_DEPTHS, parse_depths
+from trajscope.studies.steering.state import MAX_SWEEP_DEPTHS, parse_depths
 from trajscope.ui.state import AppState
-from trajscope.ui.views.analysis import SteeringView
+from trajscope.studies.steering.card import SteeringView
 
 BIG = "x" * 1_000_000  # a prompt set past the page (the textarea stops at 5,000)
 
@@ -83,7 +83,7 @@ def test_steering_waits_for_a_generation_slot(short_run, action, monkeypatch):
     assert runner.QUEUE.wait_turn(holder, lambda n: None, threading.Event())
     try:
         dispatched = []
-        monkeypatch.setattr("trajscope.ui.views.analysis.dispatcher", lambda: lambda fn: dispatched.append(fn) or fn())
+        monkeypatch.setattr("trajscope.studies.steering.card.dispatcher", lambda: lambda fn: dispatched.append(fn) or fn())
         getattr(view, action)()
         time.sleep(1.0)
         assert not loaded.is_set(), f"{action} ran while every generation slot was taken"

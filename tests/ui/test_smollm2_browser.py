@@ -91,10 +91,10 @@ def test_every_card_shows_smollm2s_data_or_says_what_is_missing(page, monkeypatc
             assert "smollm2" in str(app.features.sae_path) and artefacts.sae_misfit(app.features.sae_path, facts) is None
             assert app.features.card.index is not None
         if card == "Drift":
-            s = app.drift.settings
+            s = app.study_cards["drift"].settings
             wait_until(lambda: not s.message.startswith("Scoring"), page, timeout=TIMEOUT)
             assert s.drift is not None, s.message  # the profile shipped for SmolLM2
             assert artefacts.profile_misfit(s.profile().info, facts) is None
         if card == "Steering":
-            assert app.steering.settings.layer == 15
+            assert app.study_cards["steering"].settings.layer == 15
         _shot(page, card)

@@ -299,8 +299,8 @@ def test_new_run_from_the_app_feeds_sae_and_drift(sample_model, fresh_models):
     traj = app.state.trajectory
     assert sorted(int(k.split(".")[1]) for k in traj.tensors if k.startswith("residual.")) == list(range(6))
     assert app.features._enc is not None and app.features.message == ""
-    assert app.drift.settings.drift is not None and set(app.drift.settings.drift["layer"]) == set(range(6))
-    assert app.drift.settings.drift["pos"].max() >= traj.prompt_len  # decode positions are scored
+    assert app.study_cards["drift"].settings.drift is not None and set(app.study_cards["drift"].settings.drift["layer"]) == set(range(6))
+    assert app.study_cards["drift"].settings.drift["pos"].max() >= traj.prompt_len  # decode positions are scored
 
 
 def test_settings_changed_after_generate_do_not_reach_the_running_job(sample_model, fresh_models):
@@ -412,16 +412,16 @@ def test_hidden_tabs_defer_their_analyses_until_opened(sample_model, fresh_model
     runner._MODELS[("sample", False, None)] = sample_model
     app = TrajScope(max_new_tokens=6, prompt="import sys\n")
     app.main()  # lays out the tabs: Overview shown, the rest hidden
-    assert app.telemetry.shown and not app.features.shown and not app.drift.shown
+    assert app.telemetry.shown and not app.features.shown and not app.study_cards["drift"].shown
     wait_job(app.controls.generate(dispatch=lambda fn: fn()))
     traj = app.state.trajectory
-    assert app.features._enc is None and app.drift.settings.drift is None  # nothing computed for hidden tabs
+    assert app.features._enc is None and app.study_cards["drift"].settings.drift is None  # nothing computed for hidden tabs
     titles = [t for t, _ in zip(app.tabs._names, app.tabs)]
     app.tabs.active = titles.index("SAE features")
     assert app.features._enc is not None and app.features._enc["rel_err"].shape[0] == traj.residual(3).shape[0]
-    assert app.drift.settings.drift is None
+    assert app.study_cards["drift"].settings.drift is None
     app.tabs.active = titles.index("Drift")
-    assert app.drift.settings.drift is not None and app.drift.settings.drift["pos"].max() >= traj.prompt_len
+    assert app.study_cards["drift"].settings.drift is not None and app.study_cards["drift"].settings.drift["pos"].max() >= traj.prompt_len
 
 
 def test_redraw_once_recomputes_the_model_graph_only_when_models_change(monkeypatch):

@@ -2,8 +2,9 @@
 
 - :mod:`trajscope.cli.capture`: ``capture`` (runs to run directories, optionally steered),
   ``serve`` (the app), ``report`` (standalone HTML comparison), ``export`` (Parquet dataset);
-- :mod:`trajscope.cli.steer`: ``steer-sweep`` (steering effect by start depth);
-- :mod:`trajscope.cli.drift`: ``profile`` and ``drift`` (the decode-regime calibration report);
+- :mod:`trajscope.cli.steer`: ``steer-sweep``, an alias of ``study steering`` (steering effect by start depth);
+- :mod:`trajscope.cli.drift`: ``profile`` (the drift study's prefill profile) and ``drift``, an alias of
+  ``study drift`` that also writes the profile and prints the decode-regime calibration report;
 - :mod:`trajscope.cli.sae`: ``harvest``, ``train-sae`` and ``sae-drift``;
 - :mod:`trajscope.studies.flags`: ``study NAME``, one subcommand per registered study (flags from its config);
 - :mod:`trajscope.studies.eviction.cli`: ``eviction``, an alias of ``study eviction`` that also takes ``--runs``;

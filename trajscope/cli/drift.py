@@ -1,44 +1,32 @@
-"""``trajscope profile`` and ``trajscope drift``: the decode-regime calibration report.
+"""``trajscope profile`` and ``trajscope drift``: aliases of the registered drift study.
 
-``profile`` splits the prompt set into fit / calibrate / evaluate parts
-(:func:`trajscope.stats.split_ids`, seeded, by prompt id), captures the prefill
-of the fit and calibrate prompts, and writes a
-:class:`~trajscope.profile.ReferenceProfile`: moments from the fit prompts, a
-per-layer drift threshold calibrated to ``--fpr`` on the calibrate prompts, and
-the split itself in the profile's metadata.
+``profile`` splits the prompt set into fit / calibrate / evaluate parts by prompt id (seeded)
+and writes the study's prefill profile (:func:`trajscope.studies.drift.build.build_profile`):
+moments from the fit prompts, a per-layer threshold at ``--fpr`` from the calibrate prompts,
+and the split itself in the profile's metadata.
 
-``drift`` evaluates only on prompts the profile neither fitted nor calibrated
-on. For each it scores three regimes at matched positions
-(:mod:`trajscope.metrics.drift_regimes`): prefill over the human prompt, greedy
-decode over self-generated text, and the human continuation teacher-forced at
-the decode positions. It also runs the continuation of the calibrate prompts to
-calibrate a trajectory-level threshold (max over steps and layers of score /
-layer threshold) at ``--trajectory-rate``, then measures that threshold's
-false-alarm rate on the held-out continuation runs and its flag rate on the
-held-out decode runs. Every summary has a prompt-clustered bootstrap interval.
-Written under ``--out`` (each Parquet file's metadata names the split):
-``positions.parquet`` (prompt × regime × position × layer), ``by_position``,
-``by_depth``, ``by_entropy`` (regime × bin × layer), ``gap`` (decode −
-continuation, matched), ``heldout_fpr`` (per layer), ``trajectory`` and
-``profile.safetensors``.
+``drift`` runs the drift study (:func:`trajscope.studies.drift.study.evaluate`, the same code as
+``trajscope study drift``) on the prompts the profile never saw, writes the study's Result under
+``--out`` (``drift_positions``, ``drift_by_position``, ``drift_by_depth``, ``drift_by_entropy``,
+``drift_gap``, ``drift_heldout_fpr``, ``drift_trajectory`` as Parquet, the marker
+``drift.result.json`` with the headline numbers and the split) plus ``profile.safetensors``,
+and prints the report from that Result.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import pathlib
 import sys
 
 from trajscope.cli import options as opt
 from trajscope.errors import TrajscopeError
-from trajscope.trajectory import write_table
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from trajscope.profile_build import build_profile, named_split, prompt_ids
     from trajscope.prompts import read_prompts
+    from trajscope.studies.drift.build import build_profile, named_split, prompt_ids
 
     items = read_prompts(args.prompts)
     ids = prompt_ids(items)
@@ -53,21 +41,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
           f"{len(split['evaluate'])} 'evaluate' prompts left for `trajscope drift` (split seed {args.seed})",
           file=sys.stderr)
     return 0
-
-
-def _split_for(prof, ids: list[str], profile_path: str | None) -> dict:
-    """The profile's recorded split, restricted to this prompt file; evaluate = prompts it never saw."""
-    split = prof.info.get("split")
-    if split is None:
-        raise TrajscopeError(f"The profile '{profile_path}' records no fit/calibrate split, so held-out prompts "
-                             f"cannot be told apart; rebuild it with `trajscope profile`.")
-    seen = set(split["fit"]) | set(split["calibrate"])
-    out = dict(split, calibrate=[i for i in split["calibrate"] if i in set(ids)],
-               evaluate=sorted(i for i in ids if i not in seen))
-    if not out["evaluate"]:
-        raise TrajscopeError("Every prompt in this file was used to fit or calibrate the profile; drift needs "
-                             "held-out prompts to evaluate on.")
-    return out
 
 
 def _cell(est: float, lo: float, hi: float, digits: int = 3) -> str:
@@ -85,96 +58,44 @@ def _pivot(df, value: str, on: str, index=("layer",), digits: int = 3):
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
-    import polars as pl
+    """The registered drift study (:func:`trajscope.studies.drift.study.evaluate`) on a prompt file."""
     from tqdm.auto import tqdm
 
-    from trajscope.capture import CaptureConfig
-    from trajscope.drift_runs import prompt_regime_rows
-    from trajscope.metrics import drift_regimes as dr
-    from trajscope.profile import ReferenceProfile
-    from trajscope.profile_build import build_profile, named_split, prompt_ids
-    from trajscope.prompts import read_prompts
+    from trajscope.studies.drift.study import DriftConfig, evaluate
 
-    items = read_prompts(args.prompts)
-    ids = prompt_ids(items)
-    by_id = dict(zip(ids, items))
-    prof = ReferenceProfile.load(args.profile) if args.profile else None
+    config = DriftConfig(prompts=args.prompts, profile=args.profile, fpr=args.fpr, max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature, no_eos=args.no_eos, seed=args.seed,
+                         trajectory_rate=args.trajectory_rate, n_boot=args.n_boot, cluster=args.cluster)
     model = opt.load(args)
-    if prof is None:
-        split = named_split(ids, seed=args.seed)
-        prof = build_profile(model, [p["prompt"] for p in items], fpr=args.fpr, ids=ids, split=split,
-                             progress=not args.quiet)
-    else:
-        prof.check_model(model.n_layers, model.d_model, model.model_id)
-        split = _split_for(prof, ids, args.profile)
-    cfg = CaptureConfig(max_new_tokens=args.max_new_tokens, residual_layers="all", temperature=args.temperature,
-                        seed=args.seed, stop_at_eos=not args.no_eos)
-    has_cont = [i for i in ids if by_id[i].get("continuation")]
-    jobs = [(i, True) for i in split["evaluate"]] + [(i, False) for i in split["calibrate"] if i in has_cont]
-    parts = []
-    for pid, decode in tqdm(jobs, desc="drift regimes", unit="prompt", disable=args.quiet):
-        rows = prompt_regime_rows(model, prof, pid, by_id[pid], cfg, decode=decode)
-        parts.append(rows.with_columns(pl.lit("evaluate" if decode else "calibrate").alias("split")))
-    rows = pl.concat([p for p in parts if p.height])
-    # the resampling unit: prompts cut from one source file are not independent, so by default they resample together
-    unit = args.cluster if args.cluster != "auto" else ("file" if all(by_id[i].get("file") for i in ids) else "prompt")
-    if unit == "file" and not all(by_id[i].get("file") for i in ids):
-        raise TrajscopeError(f"--cluster file needs a 'file' field in every record of '{args.prompts}'.")
-    key = {i: (by_id[i]["file"] if unit == "file" else i) for i in ids}
-    rows = rows.with_columns(pl.col("prompt_id").replace_strict(key, return_dtype=pl.String).alias("cluster"))
-    ev = rows.filter(pl.col("split") == "evaluate")
-    kw = dict(n_boot=args.n_boot, seed=args.seed, cluster="cluster")
-    tables = {
-        "by_position": dr.summarize(ev, ("regime", "pos_bin", "layer"), **kw),
-        "by_depth": dr.summarize(ev, ("regime", "depth_band", "layer"), **kw),
-        "by_entropy": dr.summarize(ev, ("regime", "entropy_band", "layer"), **kw),
-        "heldout_fpr": dr.heldout_fpr(ev, **kw),
-    }
-    matched = bool(has_cont) and ev.filter(pl.col("regime") == "continuation").height > 0
-    traj = None
-    if matched:
-        tables["gap"] = pl.concat([
-            dr.paired_gap(ev, ("pos_bin", "layer"), **kw).with_columns(pl.lit("pos_bin").alias("group_by"))
-            .rename({"pos_bin": "group"}),
-            dr.paired_gap(ev, ("depth_band", "layer"), **kw).with_columns(pl.lit("depth_band").alias("group_by"))
-            .rename({"depth_band": "group"})])
-        cal_stats = dr.run_statistics(rows.filter(pl.col("split") == "calibrate"), "continuation")
-        if cal_stats.height:
-            try:
-                traj = dr.trajectory_calibration(
-                    cal_stats, {"continuation (prefill-like)": dr.run_statistics(ev, "continuation"),
-                                "decode": dr.run_statistics(ev, "decode")}, args.trajectory_rate)
-            except TrajscopeError as exc:
-                print(f"trajectory-level calibration skipped: {exc}", file=sys.stderr)
-        if traj is not None:
-            tables["trajectory"] = pl.DataFrame([
-                {"runs": name, "target_rate": traj["target_rate"], "expected_rate": traj["expected_rate"],
-                 "threshold": traj["threshold"],
-                 "n_calibrate": traj["n_calibrate"], **r} for name, r in traj["rates"].items()])
-    sizes = {k: len(split[k]) for k in ("fit", "calibrate", "evaluate")}
-    meta = {"trajscope_split": json.dumps({"seed": split.get("seed"), "fractions": split.get("fractions"),
-                                           "sizes": sizes, "evaluate": split["evaluate"]}),
-            "trajscope_cluster": unit,
-            "trajscope_profile_fpr": str(prof.info.get("fpr"))}
+    with tqdm(desc="drift regimes", unit="prompt", disable=args.quiet) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.total, bar.n = total, done
+            bar.refresh()
+
+        result, prof = evaluate(model, None, config, progress)
     out = pathlib.Path(args.out)
+    result.save(out)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        write_table(rows, out / "positions.parquet", "drift_positions", extra=meta)
-        for name, df in tables.items():
-            write_table(df, out / f"{name}.parquet", f"drift_{name}", extra=meta)
         prof.save(out / "profile.safetensors")
     except OSError as exc:
-        raise TrajscopeError(f"Cannot write the drift report to '{out}': {exc.strerror or exc}.") from exc
-    _print_report(tables, traj, split, sizes, prof, args, matched, unit)
+        raise TrajscopeError(f"Cannot write the profile to '{out}': {exc.strerror or exc}.") from exc
+    for note in result.summaries.get("notes", []):
+        print(note, file=sys.stderr)
+    _print_report(result, args)
     print(f"written to {out}/", file=sys.stderr)
     return 0
 
 
-def _print_report(tables: dict, traj: dict | None, split: dict, sizes: dict, prof, args, matched: bool,
-                  unit: str) -> None:
+def _print_report(result, args) -> None:
     import polars as pl
 
-    fpr = prof.info.get("fpr")
+    from trajscope.studies.drift.summary import lines
+
+    s = result.summaries
+    split, fpr = s["split"], s["profile"]["fpr"]
+    sizes, unit = split["sizes"], split["cluster"]
+    tables = {k.removeprefix("drift_"): v for k, v in result.tables.items()}
+    matched = "gap" in tables
     ev, nc = tables["by_position"]["n_prompts"].max(), tables["by_position"]["n_clusters"].max()
     over = (f"the {ev} evaluated prompts" if unit == "prompt" else
             f"the {ev} evaluated prompts, resampled by source file ({nc} files: prompts cut from one file move together)")
@@ -189,6 +110,9 @@ def _print_report(tables: dict, traj: dict | None, split: dict, sizes: dict, pro
               .join(tables["heldout_fpr"].select("layer", "wilson_lo", "wilson_hi", "n_positions", "n_clusters",
                                                  "n_prompts"),
                     on="layer").with_columns(pl.col("wilson_lo", "wilson_hi").round(4)))
+        print("\nheadline (pooled over layers):")
+        for label, text in lines(s):
+            print(f"  {label}: {text}")
         for value, title in (("score", "mean drift score (diagonal Mahalanobis / sqrt(d); prefill ~ 1)"),
                              ("flagged_frac", "fraction of positions flagged")):
             print(f"\n{title} by absolute position bin x regime "
@@ -204,12 +128,14 @@ def _print_report(tables: dict, traj: dict | None, split: dict, sizes: dict, pro
                              "layer", index=("group",)))
         else:
             print("\nno prompt has a 'continuation': the matched regime and trajectory calibration are skipped")
-        if traj is not None:
+        if "trajectory" in tables:
+            t = tables["trajectory"].row(0, named=True)
             print(f"\ntrajectory-level flag: max over steps >= 1 and layers of score / layer threshold; threshold "
-                  f"{traj['threshold']:.3f} calibrated to rate {traj['target_rate']} on {traj['n_calibrate']} "
+                  f"{t['threshold']:.3f} calibrated to rate {t['target_rate']} on {t['n_calibrate']} "
                   f"'calibrate' continuation runs (conformal: the exact false-alarm rate on exchangeable runs is "
-                  f"{traj['expected_rate']:.3f} <= target)")
-            for name, r in traj["rates"].items():
+                  f"{t['expected_rate']:.3f} <= target)")
+            for r in tables["trajectory"].iter_rows(named=True):
+                name = r["runs"]
                 note = "" if r["rule"] == "trajectory" else " (no multiple-testing control)"
                 print(f"  held-out {name} runs flagged{note}: {r['k']}/{r['n']} = {r['rate']:.3f} "
                       f"[Wilson 95% {r['lo']:.3f}, {r['hi']:.3f}], binomial se {r['se']:.3f}")
@@ -250,7 +176,7 @@ def register(sub) -> None:
     d.add_argument("--cluster", choices=("auto", "file", "prompt"), default="auto",
                    help="bootstrap resampling unit: a prompt's source 'file' field (prompts cut from one file are "
                         "not independent), each prompt, or auto = file when every record names one")
-    opt.add_out(d, "folder for positions, by_position, by_depth, by_entropy, gap, heldout_fpr, trajectory "
-                   "(.parquet) and profile.safetensors")
+    opt.add_out(d, "folder for the drift study's tables (drift_*.parquet), its marker drift.result.json and "
+                   "profile.safetensors")
     opt.add_quiet(d)
     d.set_defaults(func=cmd_drift)

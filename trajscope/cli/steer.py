@@ -1,10 +1,12 @@
-"""``trajscope steer-sweep``: build or load a steering vector and sweep its start depth.
+"""``trajscope steer-sweep``: an alias of the registered steering study (``trajscope study steering``).
 
-The vector comes from ``--vector FILE`` (safetensors/.npy) or is built with CAA
-from ``--pairs FILE.jsonl`` (lines ``{"positive": ..., "negative": ...}``) at
-``--layer``. The sweep writes ``steps.parquet`` (the steering table),
-``summary.parquet`` (decay by depth) and ``texts.parquet`` under ``--out`` and
-prints the summary. Ctrl-C keeps the finished cells.
+The vector comes from ``--vector FILE`` (safetensors/.npy) or is built with CAA from
+``--pairs FILE.jsonl`` (lines ``{"positive": ..., "negative": ...}``) at ``--layer``
+(:func:`trajscope.studies.steering.study.vector_for`). The study
+(:func:`trajscope.studies.steering.study.run`) writes its Result under ``--out``:
+``steering.parquet`` (the per-step table), ``steering_summary.parquet`` (decay by depth over
+equal windows), ``steering_texts.parquet`` and the marker ``steering.result.json``; this command
+also writes ``vector.safetensors`` and prints the summary. Ctrl-C keeps the finished cells.
 """
 
 from __future__ import annotations
@@ -19,49 +21,58 @@ from trajscope.errors import TrajscopeError
 
 
 def cmd_steer_sweep(args: argparse.Namespace) -> int:
-    import polars as pl
-
-    from trajscope.prompts import read_pairs, read_prompts
-    from trajscope.steering import SteeringVector
-    from trajscope.sweep import steering_sweep
+    from trajscope.prompts import read_prompts
+    from trajscope.studies.steering.study import SteeringConfig, run, vector_for
 
     prompts = [p["prompt"] for p in read_prompts(args.prompts)]
-    depths = opt.ints(args.depths, "--depths")
-    try:
-        strengths = [float(s) for s in args.strengths.split(",") if s.strip()]
-    except ValueError as exc:
-        raise TrajscopeError(f"--strengths must be comma-separated numbers, not '{args.strengths}'.") from exc
-    if (args.vector is None) == (args.pairs is None):
-        raise TrajscopeError("Give exactly one of --vector FILE or --pairs FILE.jsonl.")
+    config = SteeringConfig(vector=args.vector, pairs=args.pairs, layer=args.layer, mode=args.mode,
+                            depths=tuple(opt.ints(args.depths, "--depths")),
+                            strengths=tuple(s for s in args.strengths.split(",") if s.strip()), window=args.window,
+                            max_new_tokens=args.max_new_tokens, seeds=tuple(opt.ints(args.seeds, "--seeds")),
+                            temperature=args.temperature, targets=tuple(args.targets or ()))
     model = opt.load(args)
-    if args.vector:
-        vec = SteeringVector.load(args.vector, layer=args.layer, mode=args.mode)
-    else:
-        if args.layer is None:
-            raise TrajscopeError("CAA needs --layer.")
-        vec = SteeringVector.from_contrast(model, read_pairs(args.pairs), args.layer, mode=args.mode,
-                                              name=pathlib.Path(args.pairs).stem)
+    vec = vector_for(model, config)
     out = pathlib.Path(args.out)
-    cancel = threading.Event()
+    from tqdm.auto import tqdm
+
     try:
-        res = steering_sweep(model, prompts, vec, depths=depths, strengths=strengths, window=args.window,
-                                seeds=opt.ints(args.seeds, "--seeds"), temperature=args.temperature,
-                                targets=args.targets or (), cancel=cancel, max_new_tokens=args.max_new_tokens)
+        with tqdm(desc="steering sweep", unit="run", file=sys.stderr) as bar:
+            def progress(done: int, total: int) -> None:
+                bar.total, bar.n = total, done
+                bar.refresh()
+
+            result = run(model, prompts, config, progress, vector=vec, cancel=threading.Event())
     except KeyboardInterrupt as exc:
         raise TrajscopeError("Interrupted before the sweep could save; rerun with fewer depths or prompts.") from exc
-    res.save(str(out))
+    result.save(out)
     vec.save(out / "vector.safetensors")
-    with pl.Config(tbl_rows=50, tbl_cols=12, float_precision=4):
-        print(res.summary)
-    print(f"written to {out}/ (steps.parquet, summary.parquet, texts.parquet, vector.safetensors)", file=sys.stderr)
-    return 0 if res.complete else 130
+    print_summary(result)
+    print(f"written to {out}/ (steering.parquet, steering_summary.parquet, steering_texts.parquet, "
+          f"steering.result.json, vector.safetensors)", file=sys.stderr)
+    return 0 if result.summaries.get("complete", True) else 130
+
+
+def print_summary(result) -> None:
+    """Print the Result's ``steering_summary`` with each mean and its 95 % interval in one cell."""
+    import polars as pl
+
+    from trajscope.interval_text import interval_columns
+
+    cols = ["strength", "start_step", "n_prompts", "n_short", "onset_kl", "effect", "from_step1_kl", "changed_frac",
+            "half_life_median", "halved_frac"]
+    summ = interval_columns(result.table("steering_summary").sort("strength", "start_step"),
+                            ["onset_kl", "effect", "from_step1_kl", "changed_frac"], "n_prompts")
+    with pl.Config(tbl_rows=50, tbl_cols=12, fmt_str_lengths=30, tbl_width_chars=220, tbl_hide_dataframe_shape=True,
+                   tbl_hide_column_data_types=True):
+        print(summ.select(c for c in cols if c in summ.columns))
 
 
 def register(sub) -> None:
     """Add the ``steer-sweep`` subcommand."""
-    s = opt.command(sub, "steer-sweep", "steering effect by start depth (CAA or a vector file)",
+    s = opt.command(sub, "steer-sweep", "steering effect by start depth (alias of 'trajscope study steering')",
                     "Steer every prompt from each start depth k and strength, teacher-forced on the unsteered "
-                    "run's tokens, and summarise the effect by depth (KL, logit change, projection, changed tokens).",
+                    "run's tokens, and summarise the effect by depth over equal windows (KL, logit change, "
+                    "projection, changed tokens, half-life).",
                     "trajscope steer-sweep --pairs sample_data/prompts/quotes_pairs.jsonl --layer 3 "
                     "--prompts sample_data/prompts/heldout_code.jsonl --depths 1,10,50 --out sweep/")
     opt.add_model(s, dtype=False)
@@ -77,5 +88,5 @@ def register(sub) -> None:
     s.add_argument("--seeds", default="0", help="comma-separated sampling seeds")
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     s.add_argument("--targets", nargs="*", help="single-token strings whose logit change is tracked")
-    opt.add_out(s, "folder for steps.parquet, summary.parquet, texts.parquet and vector.safetensors")
+    opt.add_out(s, "folder for the steering study's tables (steering*.parquet), its marker and vector.safetensors")
     s.set_defaults(func=cmd_steer_sweep)

@@ -23,6 +23,11 @@ returned or wrote (``Result.load(folder, name)``)::
 - compaction (:mod:`~trajscope.studies.compaction`, ``trajscope study compaction``): is masking compacted
   turns the same as restarting from the summary?
 
+- drift (:mod:`~trajscope.studies.drift`, ``trajscope study drift``): does the residual stream during
+  decode still look like prefill, against a prefill profile fitted and calibrated on other prompts?
+- steering (:mod:`~trajscope.studies.steering`, ``trajscope study steering``): does a steering vector's
+  effect depend on the decode step where it starts (equal windows)?
+
 Serving studies — do serving choices change the activations a dataset is harvested from? Each runs
 the user's own model through the model boundary and returns Polars frames with documented columns
 (every row carries its serving provenance); ``trajscope study …`` (:mod:`trajscope.studies.flags`, one subcommand per study in :mod:`trajscope.studies.registry`)

@@ -6,7 +6,7 @@
 - :mod:`.attention`: heatmap, layer × head grid, top attended tokens;
 - :mod:`.telemetry`: curves over steps;
 - :mod:`.features`: SAE features of the run (top features, timeline, reconstruction error);
-- :mod:`.analysis`: Drift (against a prefill profile) and Steering (CAA from a chosen step, depth sweep);
 - :mod:`.export`: downloads;
-- :mod:`.app`: :class:`TrajScope`, all of the above in one layout.
+- :mod:`.app`: :class:`TrajScope`, all of the above in one layout, with each registered study's card
+  (:func:`trajscope.studies.registry.cards`: Drift, Steering …) as a tab.
 """

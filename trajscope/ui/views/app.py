@@ -2,9 +2,10 @@
 
 Layout: controls (model, prompt, Generate/Stop, open) on the left; on the right
 the step bar and the token strip, always visible, then the analyses in tabs
-(Overview · Attention · SAE features · Drift · Steering, then each registered study's card in its
-``order`` — Eviction, Compaction … — and Export), all following one :class:`~trajscope.ui.state.AppState`. Each instance has its
-own state, so every browser session of ``panel serve`` (and every notebook
+(Overview · Attention · SAE features, then each registered study's card in its ``order`` — Drift,
+Steering, Eviction, Compaction … — and Export), all following one
+:class:`~trajscope.ui.state.AppState`; a registered study's card is ``app.study_cards[name]``.
+Each instance has its own state, so every browser session of ``panel serve`` (and every notebook
 cell) is independent; loaded models are shared through :mod:`trajscope.ui.runner`.
 
 In Jupyter, displaying a ``TrajScope`` loads the Panel extension first, so no
@@ -25,7 +26,6 @@ from trajscope.studies.registry import cards as registered_cards
 from trajscope.trajectory import Trajectory
 from trajscope.ui.state import AppState
 from trajscope.ui.views._base import StateView, provenance_line
-from trajscope.ui.views.analysis import DriftView, SteeringView
 from trajscope.ui.views.attention import AttentionView
 from trajscope.ui.views.controls import Controls
 from trajscope.ui.views.export import ExportView
@@ -98,13 +98,10 @@ class TrajScope(StateView):
         self.telemetry = TelemetryView(state=self.state)
         self.export = ExportView(state=self.state)
         self.features = FeaturesView(state=self.state)
-        self.drift = DriftView(state=self.state)
-        self.steering = SteeringView(state=self.state)
         self.live = LiveView(state=self.state)
         # one list of (tab title, view), built once: the core cards, each registered study's card, then Export
-        self._cards = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features),
-                       ("Drift", self.drift), ("Steering", self.steering)]
-        # each registered study's card, by study name (app.study_cards["eviction"])
+        self._cards = [("Overview", self.telemetry), ("Attention", self.attention), ("SAE features", self.features)]
+        # each registered study's card, by study name (app.study_cards["drift"]), in tab order
         self.study_cards = {study.name: study.card(self.state) for study in registered_cards()}
         self._cards += [(study.tab_title, self.study_cards[study.name]) for study in registered_cards()]
         self._cards.append(("Export", self.export))
@@ -117,7 +114,9 @@ class TrajScope(StateView):
         """Free what this session holds (its browser has gone): stop its generation, drop its runs."""
         if self.controls.job is not None:
             self.controls.job.stop()
-        self.steering.settings.clear()
+        for view in self.study_cards.values():  # a card that holds results of this session's runs lets them go
+            if callable(getattr(view, "release", None)):
+                view.release()
         self.state.trajectory = None
 
     def _autostart(self) -> None:

@@ -1,16 +1,12 @@
-"""Drift and Steering views of the app.
+"""The Steering card: steer the run on screen, and the steering study's depth sweep on its prompt.
 
-:class:`DriftView` shows, for the run on screen, the residual drift score of every
-position and layer against a prefill reference profile (heatmap and per-layer
-curves with calibrated thresholds), and adds ``drift_flagged_layers`` and
-``drift_score_max`` to the run's tokens so the token strip can be coloured by them. The per-dimension Gaussian KL behind the
-batch report is a triage proxy, and the view says so.
-
-:class:`SteeringView` builds a CAA vector from contrast pairs, steers the current
-prompt from a chosen decode step and shows base and steered continuations
-aligned by step; its depth sweep plots the effect by step for several start
-depths and the decay of the effect with depth. Work runs on a worker thread; the
-view stays responsive and a Stop button ends a sweep after the current run.
+:class:`SteeringView` builds a CAA vector from contrast pairs, steers the current prompt from a
+chosen decode step and shows base and steered continuations aligned by step. Its depth sweep
+runs the registered steering study (:func:`trajscope.studies.steering.study.run`) on the current
+prompt and shows what the :class:`~trajscope.studies.registry.Result` holds: the effect by step
+for each start depth, the decay of the effect with depth (equal windows) and the summary table
+with the headline numbers. Work runs on a worker thread; the view stays responsive and a Stop
+button ends a sweep after the current run. :func:`card` is the registered card factory.
 """
 
 from __future__ import annotations
@@ -22,113 +18,21 @@ import panel as pn
 import param
 
 from trajscope.errors import TrajscopeError
-from trajscope.escaping import html_text, md_text
+from trajscope.escaping import html_text
 from trajscope.logs import failure_sentence
-from trajscope.ui import analysis_plots as ap
-from trajscope.ui import artefacts
+from trajscope.studies.steering import plots as ap
+from trajscope.studies.steering.section import effect_rows
+from trajscope.studies.steering.state import (
+    SteeringSettings,
+    parse_depths,
+    skipped_depths,
+)
 from trajscope.ui import openmp
-from trajscope.ui.analysis_state import DriftSettings, SteeringSettings, parse_depths, skipped_depths
 from trajscope.ui.tables import table_pane
-from trajscope.ui.views._base import StateView, any_of, dispatcher, in_background
-from trajscope.ui.views._cursor import Cursor, vline
+from trajscope.ui.views._base import StateView, any_of, dispatcher
 
 log = logging.getLogger(__name__)
-
-PROXY_NOTE = ("Drift score = diagonal Mahalanobis distance of the residual to the prefill mean, ÷ √d (≈ 1 for "
-              "prefill positions). It treats dimensions independently: a triage signal for where to look, "
-              "not a claim about the joint geometry of the residual stream.")
-
-
-class DriftView(StateView):
-    """Residual drift of the current run against a prefill profile."""
-
-    settings = param.ClassSelector(class_=DriftSettings, doc="Profile choice and the drift table.")
-
-    def __init__(self, **params):
-        params.setdefault("settings", DriftSettings())
-        super().__init__(**params)
-        self._ticket = 0
-        self.cursor: Cursor | None = None
-        self.state.param.watch(self._recompute, "revision")
-        self.state.param.watch(lambda e: self.cursor and self.cursor.set_step(e.new), "step")
-        self.settings.param.watch(self._recompute, "profile_path")
-        self._recompute()
-
-    def _recompute(self, *_) -> None:
-        """Score the run off the event loop; tell the state which layers the profile scores."""
-        s = self.settings
-        self._ticket += 1
-        ticket, traj = self._ticket, self.state.trajectory
-        if traj is not None and self._misfit(traj):
-            return
-        try:
-            prof = s.profile()
-            self.state.param.update(drift_layers=artefacts.drift_layers(prof.n_layers), drift_width=prof.d_model)
-        except TrajscopeError as exc:
-            self.state.param.update(drift_layers=[], drift_width=None)
-            s.param.update(drift=None, message=str(exc))
-            return
-        if traj is None:
-            s.param.update(drift=None, message="No run yet.")
-            return
-        if self.defer(self._recompute):  # the Drift tab is hidden: score the run when it is opened
-            s.param.update(drift=None, message="Scoring the run against the profile…")
-            return
-        s.param.update(drift=None, message="Scoring the run against the profile…")
-        in_background(lambda: s.score(traj, prof), lambda res: self._apply(ticket, traj, res),
-                      lambda msg: self._apply(ticket, traj, (None, msg)), what="Drift scoring")
-
-    def _misfit(self, traj) -> bool:
-        """When the profile does not fit the run's model: switch to a shipped one that does, or say none does.
-        True when the profile at ``profile_path`` is not used."""
-        s = self.settings
-        facts = artefacts.model_facts(traj.meta)
-        try:
-            why = artefacts.profile_misfit(s.profile().info, facts)
-        except TrajscopeError:
-            why = None  # no profile there: _recompute says so
-        if why is None:
-            return False
-        other = artefacts.find_profile(facts)
-        if other is not None:
-            s.profile_path = str(other)  # its watcher recomputes with it
-            return True
-        s.param.update(drift=None, message=artefacts.no_profile(facts, why))
-        return True
-
-    def _apply(self, ticket: int, traj, result) -> None:
-        """Show the drift table; put per-token flags on the token strip (``drift_flagged_layers``, ``drift_score_max``)."""
-        import polars as pl
-
-        if ticket != self._ticket:
-            return
-        drift, message = result
-        if drift is not None:
-            per = drift.group_by("pos").agg(pl.col("score").max().alias("drift_score_max"),
-                                            pl.col("flagged").sum().cast(pl.Int32).alias("drift_flagged_layers"))
-            if self.state.trajectory is traj:  # the run's own tables are shared: the view adds columns beside them
-                self.state.add_token_columns(per)
-        self.settings.param.update(drift=drift, message=message)
-
-    def _plots(self, drift, message):
-        st = self.state
-        if drift is None:
-            return pn.pane.Alert(md_text(message or "No drift to show."), alert_type="secondary")
-        traj = st.trajectory
-        P, texts = traj.prompt_len, traj.tokens["text"].to_list()
-        self.cursor = Cursor([vline()], lambda step: [{"location": step}])  # one line on each figure
-        self.cursor.step = st.step
-        heat = ap.drift_heatmap(drift, P, texts).opts(hooks=[self.cursor.hook])
-        curves = ap.drift_curves(drift, self.settings.thresholds, P, texts).opts(hooks=[self.cursor.hook])
-        note = [pn.pane.Alert(message, alert_type="info", css_classes=["ts-drift-note"])] if message else []
-        return pn.Column(*note, pn.pane.HoloViews(heat, sizing_mode="stretch_width"),
-                         pn.pane.HoloViews(curves, sizing_mode="stretch_width"), sizing_mode="stretch_width")
-
-    def __panel__(self):
-        path = pn.widgets.TextInput.from_param(self.settings.param.profile_path, name="Profile", sizing_mode="stretch_width")
-        return pn.Column(pn.pane.Markdown(PROXY_NOTE, styles={"font-size": "12px"}), path,
-                         pn.bind(self._plots, self.settings.param.drift, self.settings.param.message),
-                         sizing_mode="stretch_width")
+SWEEP_WINDOW = 10  # steered steps per depth in the card's sweep (every depth the same)
 
 
 class SteeringView(StateView):
@@ -245,29 +149,36 @@ class SteeringView(StateView):
         self._launch(work)
 
     def sweep(self, *_) -> None:
-        """Depth sweep on the current prompt (one base run, one steered run per depth)."""
-        from trajscope.sweep import steering_sweep
+        """The steering study on the current prompt (one base run, one steered run per depth)."""
+        from trajscope.studies.steering import study
 
         base = self.state.trajectory
         kw = self._capture_kwargs()
 
         def work(dispatch):
-            depths = parse_depths(self.settings.depths, kw["max_new_tokens"])
+            s = self.settings
+            depths = parse_depths(s.depths, kw["max_new_tokens"])
             model = self._model()
             vec = self._vector(model)
-            res = steering_sweep(model, [base.token_ids[: base.prompt_len]], vec, depths=depths,
-                                 strengths=[self.settings.strength], max_new_tokens=kw["max_new_tokens"],
-                                 window=10, temperature=kw["temperature"], seeds=[kw["seed"]],
-                                 cancel=self._cancel, progress=False)
-            dispatch(lambda: self._show(base, sweep_steps=res.steps, sweep_summary=res.summary))
-            done = (f"Sweep of run {base.run_id} stopped early; finished depths are shown." if not res.complete
-                    else f"Sweep of run {base.run_id} finished.")
+            config = study.SteeringConfig(pairs=s.pairs_path, layer=int(s.layer), mode=s.mode, depths=tuple(depths),
+                                          strengths=(float(s.strength),), window=SWEEP_WINDOW,
+                                          max_new_tokens=kw["max_new_tokens"], seeds=(kw["seed"],),
+                                          temperature=kw["temperature"])
+            res = study.run(model, [base.token_ids[: base.prompt_len]], config, vector=vec, cancel=self._cancel)
+            dispatch(lambda: self._show(base, sweep=res))
+            done = (f"Sweep of run {base.run_id} stopped early; finished depths are shown."
+                    if not res.summaries.get("complete", True) else f"Sweep of run {base.run_id} finished.")
             return " ".join(filter(None, [done, skipped_depths(self.settings.depths, kw["max_new_tokens"])]))
 
         self._launch(work)
 
     def stop(self, *_) -> None:
         self._cancel.set()
+
+    def release(self) -> None:
+        """The session has gone: stop a sweep after its current run and drop the results."""
+        self._cancel.set()
+        self.settings.clear()
 
     # -- display ------------------------------------------------------------------------
     def _texts(self, base, steered):
@@ -276,10 +187,12 @@ class SteeringView(StateView):
         html = ap.aligned_continuations(base.tokens, steered.tokens, base.prompt_len, self.settings.start_step)
         return pn.pane.HTML(html, sizing_mode="stretch_width")
 
-    def _sweep_plots(self, steps, summary):
-        if steps is None:
+    def _sweep_plots(self, result):
+        if result is None:
             return pn.pane.Markdown("Press **Depth sweep** to measure the effect for each start depth.")
-        return pn.Column(pn.pane.HoloViews(ap.effect_curves(steps), sizing_mode="stretch_width"),
+        steps, summary = result.table("steering"), result.table("steering_summary")
+        return pn.Column(table_pane(effect_rows(result.summaries), css_class="ts-sweep-headline"),
+                         pn.pane.HoloViews(ap.effect_curves(steps), sizing_mode="stretch_width"),
                          pn.pane.HoloViews(ap.decay_plot(summary), sizing_mode="stretch_width"),
                          table_pane(summary.rename({c: c.replace("_", " ") for c in summary.columns}),
                                     css_class="ts-sweep-summary"),  # "effect lo / hi": the 95% interval
@@ -308,6 +221,10 @@ class SteeringView(StateView):
                              "output from the start step on; tokens before it are identical to the base run."),
             controls, pn.Row(steer_btn, sweep_btn, stop_btn, busy, pn.pane.Str(pn.bind(html_text, s.param.status))),
             pn.bind(self._texts, s.param.base, s.param.steered),
-            pn.bind(self._sweep_plots, s.param.sweep_steps, s.param.sweep_summary),
+            pn.bind(self._sweep_plots, s.param.sweep),
             sizing_mode="stretch_width")
 
+
+def card(state) -> SteeringView:
+    """The registered Steering card for the app's ``state``."""
+    return SteeringView(state=state)

@@ -1,4 +1,4 @@
-"""Building a prefill profile by running the model over a prompt set.
+"""The drift study's reference: a prefill profile built by running the model over a prompt set.
 
 :func:`build_profile` captures the prefill of every prompt (one step, every
 layer's residual kept) and fits a :class:`~trajscope.profile.ReferenceProfile`
@@ -8,6 +8,7 @@ moments and only the ``calibrate`` prompts set the threshold; the split travels
 in ``profile.info["split"]`` so that a drift report evaluates on the rest. It
 lives apart from :mod:`trajscope.profile` so that scoring against a profile
 (used by metrics and the UI) never imports the capture engine.
+:func:`named_split` and :func:`prompt_ids` name the prompts that split.
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ SPLIT_NAMES = ("fit", "calibrate", "evaluate")
 SPLIT_FRACTIONS = (0.4, 0.3, 0.3)
 
 
-def build_profile(model: Any, prompts: Sequence[str], *, fpr: float = 0.01, skip_first: bool = positions.SKIP_SINK,
+def build_profile(model: Any, prompts: Sequence[str | Sequence[int]], *, fpr: float = 0.01, skip_first: bool = positions.SKIP_SINK,
                   heldout_fraction: float = 0.3, seed: int = 0, progress: bool = True,
                   ids: Sequence[Any] | None = None, split: dict[str, Any] | None = None) -> ReferenceProfile:
     """Capture the prefill of every prompt (one step, all layers) and fit a profile.
 
     Args:
         model: a :class:`~trajscope.model.ModelHandle`.
-        prompts: prompt texts (at least two).
+        prompts: prompt texts or token-id lists (at least two).
         skip_first: leave position 0 out (the attention sink: :data:`trajscope.positions.SKIP_SINK`);
             recorded in ``profile.info`` with :func:`trajscope.positions.sink_meta`.
         ids: one id per prompt (needed with ``split``).

@@ -1,4 +1,5 @@
-"""Drift in three regimes at matched positions, with held-out calibration and intervals.
+"""The drift study's scoring and summary tables: three regimes at matched positions, held-out
+calibration and intervals.
 
 A decode position differs from a prefill position in two ways at once: it reads
 text the model wrote itself, and it sits at a later absolute position (prompts

@@ -1,4 +1,5 @@
-"""Running the three drift regimes of a prompt: prefill, decode, and the teacher-forced human continuation.
+"""The drift study's model runs: the three regimes of a prompt — prefill, decode, and the teacher-forced
+human continuation.
 
 For each prompt, :func:`prompt_regime_rows` captures greedy decode (all
 residuals kept) and, when the prompt record has a ``continuation`` (the human
@@ -8,7 +9,7 @@ followed by the continuation's, cut to the number of decode positions, so the
 continuation's positions are exactly the decode positions P..P+n−1. The prompt
 is tokenized as capture tokenizes it and the continuation on its own (no
 special tokens), so positions below P are the same tokens in every regime.
-Scoring and summaries live in :mod:`trajscope.metrics.drift_regimes`.
+Scoring and summaries live in :mod:`trajscope.studies.drift.regimes`.
 """
 
 from __future__ import annotations
@@ -22,23 +23,24 @@ import torch
 from trajscope import positions
 from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
-from trajscope.metrics.drift_regimes import regime_rows
+from trajscope.studies.drift.regimes import regime_rows
 from trajscope.profile import ReferenceProfile
 
 
-def continuation_residuals(model: Any, prompt: str, continuation: str, n_positions: int,
+def continuation_residuals(model: Any, prompt: str | Sequence[int], continuation: str, n_positions: int,
                            layers: Sequence[int] | None = None) -> tuple[int, list[int], dict[int, torch.Tensor], torch.Tensor]:
     """Teacher-force ``prompt + continuation`` and keep the continuation's first ``n_positions`` positions.
 
     Args:
         model: a :class:`~trajscope.model.ModelHandle`.
+        prompt: the prompt's text, or its token ids (as capture would take them).
         n_positions: continuation tokens to run (the decode positions to match).
         layers: blocks to read (default all).
     Returns:
         ``(P, pos, resid, entropy)``: prompt length, the positions ``[P, P + n)``, ``{layer: [n, d_model]}``
         block outputs there, and ``[n]`` next-token entropies (nats) at those positions.
     """
-    prompt_ids = model.encode(prompt)
+    prompt_ids = model.encode(prompt) if isinstance(prompt, str) else list(prompt)
     cont_ids = model.tokenizer(continuation, add_special_tokens=False)["input_ids"][:n_positions]
     if len(cont_ids) < n_positions:
         raise TrajscopeError(f"The continuation has {len(cont_ids)} tokens but {n_positions} decode positions need "
@@ -57,13 +59,13 @@ def prompt_regime_rows(model: Any, profile: ReferenceProfile, prompt_id: str, it
     """Scored rows of one prompt in the regimes it supports.
 
     Args:
-        item: a prompt record (``prompt``, optional ``continuation``).
+        item: a prompt record (``prompt``: text or token ids; optional ``continuation``).
         cfg: the decode capture settings (``residual_layers`` is forced to all layers).
         decode: run greedy decode (regimes ``prefill`` and ``decode``); with False only the continuation runs, over
             ``cfg.max_new_tokens − 1`` positions (the decode positions a full run would fill).
         skip_first: leave position 0 (the attention sink) out of the prefill rows, as the profile does.
     Returns:
-        Rows of :func:`trajscope.metrics.drift_regimes.regime_rows`, all regimes concatenated.
+        Rows of :func:`trajscope.studies.drift.regimes.regime_rows`, all regimes concatenated.
     """
     parts = []
     n_match = cfg.max_new_tokens - 1

@@ -1,0 +1,45 @@
+"""The drift study's report section: a function of its :class:`~trajscope.studies.registry.Result` only.
+
+It shows the headline numbers as the Result holds them (:mod:`trajscope.studies.drift.summary`),
+the split they were measured on, the held-out prefill false-positive rate per layer and the
+flagged share by decode-depth band per regime, with their 95 % intervals; nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from trajscope.escaping import html_text
+from trajscope.studies.drift.summary import lines
+from trajscope.studies.registry import Result, Section
+from trajscope.studies.serving.sections import num, table
+
+PROXY = ("Drift score = diagonal Mahalanobis distance of the residual to the prefill mean, ÷ √d (≈ 1 for prefill "
+         "positions): dimensions are treated independently, a triage signal, not a claim about the joint geometry.")
+
+
+def headline_html(summaries: dict) -> str:
+    """The headline numbers as an HTML list (read from ``summaries``)."""
+    items = "".join(f"<li>{html_text(label)}: <b>{html_text(text)}</b></li>" for label, text in lines(summaries))
+    return f"<ul class='ts-headline'>{items}</ul>" if items else "<p class='note'>No headline numbers.</p>"
+
+
+def drift_section(result: Result) -> Section:
+    """``(title, html, figures)`` of a drift Result."""
+    s = result.summaries
+    split = s.get("split") or {}
+    sizes = split.get("sizes") or {}
+    fpr = (s.get("profile") or {}).get("fpr")
+    parts = [f"<p class='note'><b>Setup.</b> Split by prompt id (seed {num(split.get('seed'))}): fit "
+             f"{num(sizes.get('fit'))} prompts (profile moments), calibrate {num(sizes.get('calibrate'))} (threshold at "
+             f"nominal false-positive rate {num(fpr)}), evaluate {num(sizes.get('evaluate'))} (every number here). "
+             f"Intervals: 95 % bootstrap, resampling by {html_text(str(split.get('cluster', 'prompt')))}. "
+             f"{html_text(PROXY)}</p>", headline_html(s)]
+    parts += [f"<p class='note'>{html_text(n)}</p>" for n in s.get("notes") or []]
+    fpr_table = result.table("drift_heldout_fpr")
+    parts.append("<h3>Held-out prefill false-positive rate by layer</h3>"
+                 + table(fpr_table, ["layer", "fpr", "n_positions", "n_prompts"], ci_of=["fpr"]))
+    depth = result.table("drift_by_depth").filter(pl.col("regime") != "prefill")
+    parts.append("<h3>Flagged share by regime, decode depth and layer</h3>"
+                 + table(depth, ["regime", "depth_band", "layer", "flagged_frac", "n_prompts"], ci_of=["flagged_frac"]))
+    return "Drift: decode vs the prefill profile", "".join(parts), []
