@@ -64,3 +64,24 @@ def test_a_run_keeps_the_residuals_of_artefacts_that_fit_its_model_only():
     assert plan.for_model(6, 256, "sample").residual_layers == tuple(range(6))
     assert plan.for_model(30, 576, "other-576").residual_layers is None  # not the sample's layers 0–5
     assert artefacts.drift_layers(30) == [0, 4, 8, 12, 17, 21, 25, 29] and artefacts.drift_layers(6) == list(range(6))
+
+
+def test_the_steering_card_takes_each_models_shipped_vector_setting(short_run):
+    from trajscope.studies.steering.card import SteeringView
+
+    smollm2 = {"model_id": "smollm2", "n_layers": 30, "d_model": 576}
+    found = artefacts.find_steering(smollm2)
+    assert found["pairs"].name == "steer_french_pairs.jsonl" and found["layer"] == 6
+    sample = artefacts.find_steering({"model_id": "trajscope-tiny", "n_layers": 6})
+    assert sample["pairs"].name == "quotes_pairs.jsonl" and sample["layer"] == 3
+    assert artefacts.find_steering(DEEP) is None  # nothing shipped for it
+    assert artefacts.find_steering(dict(smollm2, n_layers=4)) is None  # the shipped layer is not in this model
+    st = AppState()
+    view = SteeringView(state=st)
+    st.set_trajectory(_as_deep_model(short_run))  # no shipped vector: a middle layer
+    assert view.settings.layer == 15
+    st.set_trajectory(ts.Trajectory(dict(short_run.meta, model=dict(short_run.meta["model"], **smollm2)),
+                                    short_run.tokens, short_run.attention, short_run.activations, short_run.tensors))
+    assert view.settings.layer == 6 and view.settings.pairs_path.endswith("steer_french_pairs.jsonl")
+    st.set_trajectory(short_run)
+    assert view.settings.layer == 3 and view.settings.pairs_path.endswith("quotes_pairs.jsonl")

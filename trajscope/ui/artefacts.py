@@ -119,6 +119,38 @@ def find_profile(facts: dict, root: pathlib.Path | None = None) -> pathlib.Path 
     return next((p for p in files if (i := _profile_info(p)) is not None and profile_misfit(i, facts) is None), None)
 
 
+def find_steering(facts: dict, root: pathlib.Path | None = None) -> dict[str, Any] | None:
+    """The shipped CAA setting for the model: ``{"pairs": path, "layer": int}``, or None.
+
+    The sample model's is ``sample_data/prompts/quotes_pairs.jsonl`` at the layer of
+    ``sample_data/vectors/*.safetensors``; another model's, as ``trajscope prepare --ship`` writes it,
+    is ``sample_data/<model>/prompts/steer_*_pairs.jsonl`` at the layer of the vector in
+    ``sample_data/<model>/vectors/``.
+    """
+    from safetensors import safe_open
+
+    base = root or sample_data_dir()
+    name = _name(facts.get("model_id"))
+    if name == "sample":
+        pairs, vectors = sorted((base / "prompts").glob("*_pairs.jsonl")), sorted((base / "vectors").glob("*.safetensors"))
+    elif name and (base / name).is_dir():
+        pairs = sorted((base / name / "prompts").glob("steer_*_pairs.jsonl"))
+        vectors = sorted((base / name / "vectors").glob("*.safetensors"))
+    else:
+        pairs, vectors = [], []
+    if not pairs or not vectors:
+        return None
+    try:
+        with safe_open(str(vectors[0]), "pt") as f:
+            layer = int((f.metadata() or {})["layer"])
+    except Exception:  # an unreadable or foreign vector file: no shipped setting
+        return None
+    n_layers = facts.get("n_layers")
+    if n_layers is not None and not 0 <= layer < int(n_layers):
+        return None
+    return {"pairs": pairs[0], "layer": layer}
+
+
 def drift_layers(n_layers: int, most: int = 8) -> list[int]:
     """The layers a run keeps for the Drift card: all of a shallow model, else ``most`` spread from first to last.
 

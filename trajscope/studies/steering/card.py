@@ -50,14 +50,20 @@ class SteeringView(StateView):
         self.state.param.watch(self._new_run, "revision")
 
     def _new_run(self, *_) -> None:
-        """A new run clears the results; a run of another model steers a middle layer of it."""
+        """A new run clears the results; a run of another model takes that model's shipped CAA setting
+        (contrast pairs and layer, :func:`~trajscope.ui.artefacts.find_steering`), else a middle layer."""
+        from trajscope.ui.artefacts import find_steering, model_facts
+
         self.settings.clear()
         traj = self.state.trajectory
-        model = (traj.meta.get("model", {}) if traj is not None else {})
-        if model.get("n_layers") and model.get("model_id") != self._model_id:
-            self._model_id = model.get("model_id")
-            if self._model_id != "sample" or self.settings.layer >= model["n_layers"]:  # the sample's vector: layer 3
-                self.settings.layer = int(model["n_layers"]) // 2
+        facts = model_facts(traj.meta if traj is not None else {})
+        if facts["n_layers"] and facts["model_id"] != self._model_id:
+            self._model_id = facts["model_id"]
+            shipped = find_steering(facts)
+            if shipped is not None:
+                self.settings.param.update(pairs_path=str(shipped["pairs"]), layer=shipped["layer"])
+            else:
+                self.settings.layer = int(facts["n_layers"]) // 2
 
     # -- work (worker thread) -----------------------------------------------------------
     def _model(self):
