@@ -134,7 +134,7 @@ def test_the_tables_agree_with_each_other(planted):
 
 def test_the_study_runs_from_the_command_line_and_reloads(tmp_path, capsys):
     from trajscope.cli import main
-    from trajscope.report_studies import detect
+    from trajscope.report_studies import detect, study_report
 
     with pytest.raises(SystemExit):
         main(["study", "monitor", "--help"])
@@ -156,3 +156,5 @@ def test_the_study_runs_from_the_command_line_and_reloads(tmp_path, capsys):
     title, html, _ = get("monitor").section(loaded)
     n = loaded.summaries["split"]["n_evaluate_prompts"]
     assert title == "Monitor transfer" and f"Evaluate ({n} prompts" in html and "AUROC" in html
+    page = study_report([out], tmp_path / "r.html").read_text()
+    assert "Monitor transfer" in page and "Detection AUROC by strength" in page

@@ -2,7 +2,8 @@
 
 States the question, the planted shift, the split (files and n of each part), one row per
 (strength, monitor) with AUROC [95% bootstrap over prompts], the detected share, the Kaplan–Meier
-median time-to-detect and the held-out false-positive rate [Wilson], and what the numbers do not show.
+median time-to-detect and the held-out false-positive rate [Wilson], what the numbers do not show, and
+one figure: AUROC by strength per monitor.
 """
 
 from __future__ import annotations
@@ -42,6 +43,27 @@ def summary_rows(summary: pl.DataFrame) -> str:
     return f"<div class='scroll'><table>{head}{''.join(rows)}</table></div>"
 
 
+def auroc_figure(summary: pl.DataFrame) -> Any:
+    """AUROC against steering strength, one line per monitor (whiskers: the 95% interval), chance dashed."""
+    from bokeh.models import ColumnDataSource, Span, Whisker
+    from bokeh.palettes import Category10_10
+    from bokeh.plotting import figure
+
+    fig = figure(title="Detection AUROC by strength (evaluate prompts)", width=640, height=300,
+                 x_axis_label="steering strength s", y_axis_label="AUROC (shifted vs clean runs)", y_range=(0, 1.05))
+    for i, (m,) in enumerate(summary.select("monitor").unique(maintain_order=True).rows()[:10]):
+        g = summary.filter(pl.col("monitor") == m).sort("strength")
+        src = ColumnDataSource({c: g[c].fill_nan(None).to_list() for c in ("strength", "value", "lo", "hi")})
+        color = Category10_10[i % 10]
+        fig.line("strength", "value", source=src, color=color, legend_label=m, line_width=2)
+        fig.scatter("strength", "value", source=src, color=color, size=5)
+        fig.add_layout(Whisker(source=src, base="strength", lower="lo", upper="hi", line_color=color))
+    fig.add_layout(Span(location=0.5, dimension="width", line_dash="dashed", line_color="black"))
+    fig.legend.location = "bottom_right"
+    fig.legend.click_policy = "hide"
+    return fig
+
+
 def section(result: Result) -> tuple[str, str, list]:
     """``(title, html, figures)`` of the monitor study."""
     summary = result.table("monitor_summary")
@@ -74,4 +96,4 @@ def section(result: Result) -> tuple[str, str, list]:
         "<p class='note'><b>What this does not show.</b> One planted shift (one steering vector, one start step); "
         "an AUROC near 1 at a strength whose text is visibly broken says the monitor sees a large push, not that "
         "it would catch a subtle failure. The s = 0 row is the null: its interval should contain 0.5.</p>")
-    return "Monitor transfer", intro + summary_rows(summary) + notes, []
+    return "Monitor transfer", intro + summary_rows(summary) + notes, [auroc_figure(summary)]
