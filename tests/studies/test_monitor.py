@@ -130,6 +130,9 @@ def test_the_tables_agree_with_each_other(planted):
                         & (pl.col("monitor") == "drift") & (pl.col("step") >= cfg.start_step))
     assert one["run_score"] == mine["score"].max()
     assert summary_table(runs, cfg).equals(result.tables["monitor_summary"])
+    texts = result.tables["monitor_runs"]  # one row per run, its text from step k on
+    assert texts.height == runs.select("prompt_id", "arm", "strength").unique().height
+    assert (texts["n_steps"] == cfg.new_tokens).all() and (texts["text_from_k"].str.len_chars() > 0).all()
 
 
 def test_the_study_runs_from_the_command_line_and_reloads(tmp_path, capsys):

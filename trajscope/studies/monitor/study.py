@@ -14,8 +14,9 @@ monitor), on the evaluate prompts: AUROC of shifted vs clean runs with a bootstr
 prompts, the share of shifted runs detected, the Kaplan–Meier median time-to-detect, and the
 realised false-positive rate on the held-out clean runs (Wilson).
 
-Tables: ``monitor`` (per run and monitor), ``monitor_summary`` (per strength and monitor) and
-``monitor_steps`` (per run, monitor and decode step).
+Tables: ``monitor`` (per run and monitor), ``monitor_summary`` (per strength and monitor),
+``monitor_steps`` (per run, monitor and decode step) and ``monitor_runs`` (per run: its steps and the
+text it generated from step k on, for a behavioural check of the shift).
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]], config: C.MonitorC
     """Run the study on ``prompts`` (``(id, token ids)``); ``layers``: the drift monitor's layers.
 
     Returns:
-        A :class:`~trajscope.studies.registry.Result` with tables ``monitor``, ``monitor_summary`` and
-        ``monitor_steps`` and summaries ``split`` and ``setup``.
+        A :class:`~trajscope.studies.registry.Result` with tables ``monitor``, ``monitor_summary``,
+        ``monitor_steps`` and ``monitor_runs`` and summaries ``split`` and ``setup``.
     """
     from trajscope.capture import CaptureConfig, capture
 
@@ -94,7 +95,7 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]], config: C.MonitorC
                          stop_at_eos=config.stop_at_eos, residual_layers=keep or None, prefill_rows=1)
     by_id = dict(prompts)
     plan = plan_runs(parts, config)
-    frames = []
+    frames, texts = [], []
     for i, r in enumerate(plan):
         steer = () if r["strength"] is None else (vector.at(strength=r["strength"]),)
         traj = capture(model, by_id[r["prompt_id"]], base.replace(seed=r["seed"], steering=steer),
@@ -102,6 +103,7 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]], config: C.MonitorC
         vals = MON.step_values(traj, profile=profile, drift_layers=drift_layers if profile is not None else (),
                                attention_layer=att_layer, saes=saes)
         frames.append(vals.with_columns(**{k: pl.lit(r[k]) for k in RUN_KEYS}))
+        texts.append({**r, "n_steps": int(traj.meta["n_steps"]), "text_from_k": shifted_text(traj, config.start_step)})
         if progress:
             progress(i + 1, len(plan))
     schema = {"prompt_id": pl.String, "file": pl.String, "part": pl.String, "arm": pl.String,
@@ -121,7 +123,14 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]], config: C.MonitorC
                       "n_runs": len(plan), "dropped_runs": per_run.filter(pl.col("run_score").is_null())
                       .select("prompt_id", "arm", "strength").unique().height}}
     return Result(study="monitor", config=dataclasses.asdict(config), summaries=info,
-                  tables={"monitor": per_run, "monitor_summary": summary, "monitor_steps": steps})
+                  tables={"monitor": per_run, "monitor_summary": summary, "monitor_steps": steps,
+                          "monitor_runs": pl.DataFrame(texts).cast(schema)})
+
+
+def shifted_text(traj: Any, start_step: int) -> str:
+    """The text a run generated from step k on (tokens produced by steps ≥ k; the shift acts from there)."""
+    tok = traj.tokens
+    return "".join(tok.filter(pl.col("produced_at_step") >= start_step).sort("pos")["text"].to_list())
 
 
 def run_table(steps: pl.DataFrame, config: C.MonitorConfig) -> pl.DataFrame:
