@@ -51,6 +51,19 @@ def test_auroc_interval_resamples_prompts_and_covers_the_estimate():
     assert iv.estimate == M.auroc(scores, labels) and 0.6 < iv.estimate < 0.95
 
 
+def test_a_paired_difference_is_narrower_than_its_parts_when_the_monitors_share_noise():
+    rng = np.random.default_rng(2)
+    n = 40
+    common = rng.normal(0, 1, 2 * n)  # what both monitors see of each run
+    labels = np.r_[np.zeros(n, bool), np.ones(n, bool)]
+    a, b = common + 0.8 * labels + rng.normal(0, 0.2, 2 * n), common + 0.5 * labels + rng.normal(0, 0.2, 2 * n)
+    prompts = np.r_[np.arange(n), np.arange(n)]
+    d = M.auroc_difference(a, b, labels, prompts, n_boot=400)
+    assert d.estimate == pytest.approx(M.auroc(a, labels) - M.auroc(b, labels))
+    one = M.auroc_interval(a, labels, prompts, n_boot=400)
+    assert d.hi - d.lo < one.hi - one.lo and d.lo > 0
+
+
 def test_threshold_holds_its_false_positive_rate_on_the_fitting_runs_and_on_fresh_ones():
     rng = np.random.default_rng(1)
     fit = rng.gamma(2.0, 1.0, 39)
@@ -130,6 +143,12 @@ def test_the_tables_agree_with_each_other(planted):
                         & (pl.col("monitor") == "drift") & (pl.col("step") >= cfg.start_step))
     assert one["run_score"] == mine["score"].max()
     assert summary_table(runs, cfg).equals(result.tables["monitor_summary"])
+    pairs, summary = result.tables["monitor_pairs"], result.tables["monitor_summary"]
+    for r in pairs.iter_rows(named=True):  # the paired difference's estimate is the difference of the summary's AUROCs
+        auc = {m: summary.filter((pl.col("strength") == r["strength"]) & (pl.col("monitor") == m))["value"][0]
+               for m in (r["monitor"], "drift")}
+        assert r["value"] == pytest.approx(auc[r["monitor"]] - auc["drift"], abs=1e-12) and r["lo"] <= r["hi"]
+    assert pairs.height == 4 * len(cfg.strengths)
     texts = result.tables["monitor_runs"]  # one row per run, its text from step k on
     assert texts.height == runs.select("prompt_id", "arm", "strength").unique().height
     assert (texts["n_steps"] == cfg.new_tokens).all() and (texts["text_from_k"].str.len_chars() > 0).all()

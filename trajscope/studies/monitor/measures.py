@@ -8,7 +8,8 @@ function each:
   counting one half (the Mann–Whitney U statistic divided by ``n_pos × n_neg``; equal to
   scikit-learn's ``roc_auc_score``). 0.5 is chance. :func:`auroc_interval` adds a percentile
   bootstrap over prompts (each prompt's clean and shifted runs travel together;
-  :func:`trajscope.stats.cluster_bootstrap`).
+  :func:`trajscope.stats.cluster_bootstrap`); :func:`auroc_difference` compares two monitors on the
+  same runs with a paired bootstrap.
 - **A threshold at a fixed false-positive rate** (:func:`fit_threshold`): the conformal order
   statistic of clean runs' run scores (:func:`trajscope.conformal.calibrate_max`), so that a new clean
   run exchangeable with the fitting runs is flagged with probability ≤ ``fpr``. The realised rate on
@@ -84,6 +85,32 @@ def auroc_interval(scores: Any, labels: Any, clusters: Any, *, level: float = 0.
         return auroc(s[idx], yy) if yy.any() and not yy.all() else np.nan
 
     iv = cluster_bootstrap(np.arange(s.size, dtype=np.float64), clusters, stat, level=level, n_boot=n_boot,
+                           seed=seed)
+    return Interval(estimate, iv.lo, iv.hi, level, iv.n_clusters, n_boot)
+
+
+def auroc_difference(scores_a: Any, scores_b: Any, labels: Any, clusters: Any, *, level: float = 0.95,
+                     n_boot: int = 1000, seed: int = 0) -> Interval:
+    """``AUROC(a) − AUROC(b)`` of two monitors scored on the same runs, with a paired bootstrap over prompts
+    (one resample of prompts serves both AUROCs, so what the runs share cancels).
+
+    Args:
+        scores_a, scores_b: ``[n]`` run scores of the two monitors, row i the same run in both.
+        labels: ``[n]`` shifted (True) or clean; clusters: ``[n]`` prompt ids.
+    """
+    a = np.asarray(scores_a, dtype=np.float64).reshape(-1)
+    b = np.asarray(scores_b, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels).reshape(-1).astype(bool)
+    if a.shape != b.shape:
+        raise TrajscopeError(f"auroc_difference needs both monitors on the same runs ({a.size} vs {b.size} scores).")
+    estimate = auroc(a, y) - auroc(b, y)
+
+    def stat(rows: np.ndarray) -> float:
+        idx = rows.astype(np.int64)
+        yy = y[idx]
+        return auroc(a[idx], yy) - auroc(b[idx], yy) if yy.any() and not yy.all() else np.nan
+
+    iv = cluster_bootstrap(np.arange(a.size, dtype=np.float64), clusters, stat, level=level, n_boot=n_boot,
                            seed=seed)
     return Interval(estimate, iv.lo, iv.hi, level, iv.n_clusters, n_boot)
 

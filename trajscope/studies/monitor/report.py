@@ -2,8 +2,9 @@
 
 States the question, the planted shift, the split (files and n of each part), one row per
 (strength, monitor) with AUROC [95% bootstrap over prompts], the detected share, the Kaplan–Meier
-median time-to-detect and the held-out false-positive rate [Wilson], what the numbers do not show, and
-one figure: AUROC by strength per monitor.
+median time-to-detect and the held-out false-positive rate [Wilson], each monitor's AUROC against the
+drift monitor's on the same runs (paired), what the numbers do not show, and one figure: AUROC by
+strength per monitor.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import polars as pl
 
+from trajscope.errors import TrajscopeError
 from trajscope.escaping import html_text
 from trajscope.studies.registry import Result
 from trajscope.studies.serving.sections import ci, num
@@ -41,6 +43,19 @@ def summary_rows(summary: pl.DataFrame) -> str:
                  f"{num(r['fpr_fit'])} (n = {r['n_fit_runs']})"]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return f"<div class='scroll'><table>{head}{''.join(rows)}</table></div>"
+
+
+def pairs_rows(pairs: pl.DataFrame) -> str:
+    """Each monitor's AUROC minus the reference monitor's, per strength, as an HTML table."""
+    if pairs.height == 0:
+        return ""
+    ref = html_text(str(pairs["reference"][0]))
+    head = f"<tr><th>strength</th><th>monitor</th><th>n prompts</th><th>AUROC − AUROC({ref}) [95% CI]</th></tr>"
+    rows = "".join(f"<tr><td>{num(r['strength'])}</td><td>{html_text(r['monitor'])}</td><td>{num(r['n_prompts'])}</td>"
+                   f"<td>{ci(r['value'], r['lo'], r['hi'], r['n_prompts'])}</td></tr>" for r in pairs.iter_rows(named=True))
+    return (f"<p>Each monitor against the prefill-calibrated {ref} monitor on the same runs (paired bootstrap over "
+            f"prompts): an interval that excludes 0 says the two differ.</p><div class='scroll'><table>{head}{rows}"
+            "</table></div>")
 
 
 def auroc_figure(summary: pl.DataFrame) -> Any:
@@ -96,4 +111,8 @@ def section(result: Result) -> tuple[str, str, list]:
         "<p class='note'><b>What this does not show.</b> One planted shift (one steering vector, one start step); "
         "an AUROC near 1 at a strength whose text is visibly broken says the monitor sees a large push, not that "
         "it would catch a subtle failure. The s = 0 row is the null: its interval should contain 0.5.</p>")
-    return "Monitor transfer", intro + summary_rows(summary) + notes, [auroc_figure(summary)]
+    try:
+        pairs = pairs_rows(result.table("monitor_pairs"))
+    except TrajscopeError:  # a Result written before the paired table existed
+        pairs = ""
+    return "Monitor transfer", intro + summary_rows(summary) + pairs + notes, [auroc_figure(summary)]

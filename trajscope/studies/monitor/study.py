@@ -15,6 +15,7 @@ prompts, the share of shifted runs detected, the Kaplan–Meier median time-to-d
 realised false-positive rate on the held-out clean runs (Wilson).
 
 Tables: ``monitor`` (per run and monitor), ``monitor_summary`` (per strength and monitor),
+``monitor_pairs`` (per strength, each monitor's AUROC minus the drift monitor's, paired over prompts),
 ``monitor_steps`` (per run, monitor and decode step) and ``monitor_runs`` (per run: its steps and the
 text it generated from step k on, for a behavioural check of the shift).
 """
@@ -74,7 +75,7 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]], config: C.MonitorC
 
     Returns:
         A :class:`~trajscope.studies.registry.Result` with tables ``monitor``, ``monitor_summary``,
-        ``monitor_steps`` and ``monitor_runs`` and summaries ``split`` and ``setup``.
+        ``monitor_pairs``, ``monitor_steps`` and ``monitor_runs`` and summaries ``split`` and ``setup``.
     """
     from trajscope.capture import CaptureConfig, capture
 
@@ -113,6 +114,7 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]], config: C.MonitorC
     steps = MON.standardise(values, moments).select(*RUN_KEYS, "monitor", "step", "value", "score")
     per_run = run_table(steps, config)
     summary = summary_table(per_run, config)
+    pairs = pairs_table(per_run, config)
     info = {"split": {"by": "source file", **{f"{p}_files": sorted({C.file_of(i) for i in v}) for p, v in parts.items()},
                       **{f"n_{p}_prompts": len(v) for p, v in parts.items()}},
             "setup": {"model_id": model.model_id, "vector": vector.to_dict() | {"source": config.vector},
@@ -123,8 +125,8 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]], config: C.MonitorC
                       "n_runs": len(plan), "dropped_runs": per_run.filter(pl.col("run_score").is_null())
                       .select("prompt_id", "arm", "strength").unique().height}}
     return Result(study="monitor", config=dataclasses.asdict(config), summaries=info,
-                  tables={"monitor": per_run, "monitor_summary": summary, "monitor_steps": steps,
-                          "monitor_runs": pl.DataFrame(texts).cast(schema)})
+                  tables={"monitor": per_run, "monitor_summary": summary, "monitor_pairs": pairs,
+                          "monitor_steps": steps, "monitor_runs": pl.DataFrame(texts).cast(schema)})
 
 
 def shifted_text(traj: Any, start_step: int) -> str:
@@ -195,3 +197,26 @@ def summary_table(per_run: pl.DataFrame, config: C.MonitorConfig) -> pl.DataFram
             rows.append(row)
     ints = ("n_prompts", "n_detected", "n_shifted", "n_fit_runs", "n_heldout_runs")
     return pl.DataFrame(rows).with_columns([pl.col(c).cast(pl.Int32) for c in ints]).sort("strength", "monitor")
+
+
+def pairs_table(per_run: pl.DataFrame, config: C.MonitorConfig, reference: str = "drift") -> pl.DataFrame:
+    """Per strength, each monitor's AUROC minus the ``reference`` monitor's on the same evaluate runs
+    (``value``, ``lo``, ``hi``: paired bootstrap over prompts, :func:`~trajscope.studies.monitor.measures.auroc_difference`).
+    Empty when the reference monitor did not run."""
+    ev = per_run.filter((pl.col("part") == "evaluate") & pl.col("run_score").is_not_null())
+    rows = []
+    if reference in set(ev["monitor"]):
+        for s in config.strengths:
+            arm = ev.filter((pl.col("arm") == "clean") | (pl.col("strength") == s))
+            wide = arm.pivot(on="monitor", index=["prompt_id", "arm"], values="run_score").drop_nulls()
+            paired = wide.group_by("prompt_id").agg(pl.col("arm").n_unique().alias("n")).filter(pl.col("n") == 2)
+            wide = wide.filter(pl.col("prompt_id").is_in(paired["prompt_id"].implode())).sort("prompt_id", "arm")
+            for m in sorted(c for c in wide.columns if c not in ("prompt_id", "arm", reference)):
+                iv = M.auroc_difference(wide[m].to_numpy(), wide[reference].to_numpy(),
+                                        (wide["arm"] == "shifted").to_numpy(), wide["prompt_id"].to_numpy(),
+                                        n_boot=config.n_boot, seed=config.seed)
+                rows.append({"strength": s, "monitor": m, "reference": reference, "n_prompts": iv.n_clusters,
+                             "value": iv.estimate, "lo": iv.lo, "hi": iv.hi})
+    schema = {"strength": pl.Float64, "monitor": pl.String, "reference": pl.String, "n_prompts": pl.Int32,
+              "value": pl.Float64, "lo": pl.Float64, "hi": pl.Float64}
+    return pl.DataFrame(rows, schema=schema)
