@@ -131,6 +131,22 @@ def test_a_planted_shift_is_detected_and_the_null_is_chance(planted):
     assert (s["fpr_fit"] <= cfg.fpr).all()  # the threshold's rate holds on the runs it was fitted on
 
 
+def test_the_null_arm_is_an_unsteered_run_with_the_other_seed(planted, sample_model):
+    from trajscope.capture import CaptureConfig, capture
+    from trajscope.studies import prompts as P
+    from trajscope.studies.monitor.study import shifted_text
+
+    result, cfg = planted
+    runs = result.tables["monitor_runs"].filter(pl.col("part") == "evaluate")
+    pid = runs["prompt_id"][0]
+    ids = dict(P.encode_prompts(sample_model, P.read_prompt_file(PROMPTS, 40), 64))[pid]
+    plain = capture(sample_model, ids, CaptureConfig(max_new_tokens=cfg.new_tokens, temperature=cfg.temperature,
+                                                     seed=cfg.seed + 1, stop_at_eos=False, prefill_rows=1))
+    text = {(r["arm"], r["strength"]): r["text_from_k"] for r in runs.filter(pl.col("prompt_id") == pid).iter_rows(named=True)}
+    assert text[("shifted", 0.0)] == shifted_text(plain, cfg.start_step)  # s = 0: only the seed differs
+    assert text[("shifted", 300.0)] != text[("shifted", 0.0)]  # the planted shift changes the text
+
+
 def test_the_tables_agree_with_each_other(planted):
     result, cfg = planted
     runs, steps = result.tables["monitor"], result.tables["monitor_steps"]
