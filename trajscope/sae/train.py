@@ -39,7 +39,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import polars as pl
 import torch
@@ -215,7 +215,7 @@ def step_losses(sae: SAE, x: torch.Tensor, cfg: TrainConfig, dead: torch.Tensor,
 
 def train_sae(prefill: torch.Tensor, decode: torch.Tensor | None, cfg: TrainConfig, *, layer: int,
               metadata: dict | None = None, log_csv: str | os.PathLike | None = None,
-              progress: bool = True) -> tuple[SAE, pl.DataFrame]:
+              progress: bool = True, on_log: Callable[[int, SAE], None] | None = None) -> tuple[SAE, pl.DataFrame]:
     """Train an SAE on a prefill pool and (for hybrid) a decode pool.
 
     Args:
@@ -226,6 +226,8 @@ def train_sae(prefill: torch.Tensor, decode: torch.Tensor | None, cfg: TrainConf
         metadata: extra fields for ``cfg.json``'s metadata (model name, harvest info).
         log_csv: where to write the loss curve (step, tokens, loss, mse, fvu, l0, aux, dead, lr, seconds).
         progress: show a tqdm bar.
+        on_log: called as ``on_log(step, sae)`` at every logged step (the SAE reads *scaled* inputs then:
+            its decoder directions are final, its norms are not).
 
     Returns:
         The trained :class:`SAE` (reads raw activations) and the loss-curve frame.
@@ -296,6 +298,8 @@ def train_sae(prefill: torch.Tensor, decode: torch.Tensor | None, cfg: TrainConf
                        "resampled": resampled, "lr": lr, "seconds": time.perf_counter() - t0}
             log.append(rec)
             bar.set_postfix(fvu=f"{rec['fvu']:.3f}", l0=f"{rec['l0']:.0f}", dead=f"{rec['dead']:.2f}")
+            if on_log is not None:
+                on_log(step, sae)
             if not math.isfinite(rec["loss"]):
                 raise TrajscopeError(f"Training diverged at step {step} (loss {rec['loss']}); lower the learning rate.")
     bar.close()
