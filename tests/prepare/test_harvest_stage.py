@@ -88,3 +88,15 @@ def test_harvest_stages_read_training_files_only(tmp_path, sample_model, monkeyp
     got = pre[0][:23].float()
     assert pre[1]["token_id"].to_list()[:23] == win["ids"][1:]
     assert torch.allclose(got, ref, atol=2e-3 * float(ref.abs().max()), rtol=2e-3)
+
+
+def test_training_pools_leave_out_rows_with_a_massive_activation():
+    from trajscope.prepare.sae_stage import drop_massive
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, 32, generator=g)
+    x[7, 3], x[2000, 0] = 24_000.0, -5_000.0  # sink-like rows: |x| > 100 and > 1000 × the median |x|
+    x[11, 5] = 90.0  # large, but under the absolute bar
+    kept, n = drop_massive(x)
+    assert n == 2 and kept.shape[0] == 2998 and float(kept.abs().max()) == 90.0
+    assert drop_massive(x[:0])[1] == 0
