@@ -76,7 +76,9 @@ def test_harvest_stages_read_training_files_only(tmp_path, sample_model, monkeyp
     d = dec[1]
     assert (d["phase"] == "decode").sum() > 0 and (d["kind"] == "chat").any()
     # a window's continuation: decode rows follow its prompt rows, the step is the query step
-    first_seq = d.filter(pl.col("seq") == d["seq"].min())
+    assert d.filter(pl.col("seq") == 0)["kind"][0] == "chat"  # chat prompts first: a time budget keeps them
+    windows_only = d.filter(pl.col("kind") != "chat")
+    first_seq = windows_only.filter(pl.col("seq") == windows_only["seq"].min())
     assert first_seq.filter(pl.col("phase") == "prefill")["pos"].to_list() == list(range(1, 10))
     assert first_seq.filter(pl.col("phase") == "decode")["step"].to_list()[:2] == [1, 2]
     h_pre, h_dec, info = harvest_pools(tmp_path)
