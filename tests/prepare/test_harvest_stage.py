@@ -7,7 +7,7 @@ import pathlib
 import polars as pl
 import torch
 
-from trajscope.prepare import Context, prepare, stages
+from trajscope.prepare import Context, stages
 from trajscope.prepare.config import PrepareConfig
 from trajscope.prepare.corpus import stdlib_items, training_sources, windows
 from trajscope.prepare.harvest_stage import evaluate_groups

@@ -23,7 +23,7 @@ def _problem(n_dead: int, seed: int = 0):
 
 def _grads(sae, x, cfg, dead, sparse):
     sae.zero_grad(set_to_none=True)
-    mse, aux, sparsity, x_hat, fired, l0 = tr.step_losses(sae, x, cfg, dead, sparse=sparse)
+    mse, aux, _, x_hat, fired, l0 = tr.step_losses(sae, x, cfg, dead, sparse=sparse)
     (mse + cfg.aux_coefficient * aux).backward()
     grads = {n: p.grad.detach().clone() for n, p in sae.named_parameters()}
     return mse.detach(), aux.detach(), x_hat.detach(), fired, float(l0), grads

@@ -63,6 +63,12 @@ def _sources(ctx) -> tuple[list[dict], set[str]]:
     return training_sources(held, max_chars=8 * reach), held
 
 
+def _check_disjoint(wins: list[dict], held: set[str]) -> None:
+    leaked = sorted({w["group"] for w in wins} & held)
+    if leaked:
+        raise TrajscopeError(f"The harvest would read evaluate files ({', '.join(leaked)}); the split is broken.")
+
+
 def _out_of_time(c, t0: float) -> bool:
     """Whether the stage's wall budget (``harvest_seconds``; 0: none) is spent."""
     return bool(c.harvest_seconds) and time.monotonic() - t0 > c.harvest_seconds
@@ -109,7 +115,7 @@ def run_prefill(ctx, d: pathlib.Path) -> dict:
         for i, (w, r) in enumerate(zip(part, res)):
             acts.append(r.resid[c.layer][c.first_pos:].float())
             rows.append(_frame(start + i, w, len(w["ids"]), w["ids"], c.first_pos))
-    assert not ({w["group"] for w in wins} & held)
+    _check_disjoint(wins, held)
     return _save(d, acts, rows, {"layer": c.layer, "first_pos": c.first_pos, "n_windows": done,
                                  "n_windows_planned": len(wins), "stopped_by_time": done < len(wins),
                                  "seq_tokens": c.harvest_seq_tokens, "excluded_groups": sorted(held)})
@@ -141,7 +147,7 @@ def run_decode(ctx, d: pathlib.Path) -> dict:
         for i, (w, ids, r) in enumerate(zip(part, seen, res)):
             acts.append(r.resid[c.layer][c.first_pos:].float())
             rows.append(_frame(start + i, w, len(w["ids"]), ids, c.first_pos))
-    assert not ({w["group"] for w in wins} & held)
+    _check_disjoint(wins, held)
     return _save(d, acts, rows, {"layer": c.layer, "first_pos": c.first_pos, "n_windows": done,
                                  "n_windows_planned": len(wins), "stopped_by_time": done < len(wins),
                                  "n_chat_prompts": len(chats), "prompt_tokens": P0, "max_new_tokens": N,

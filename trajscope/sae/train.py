@@ -39,7 +39,8 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import polars as pl
 import torch
@@ -133,7 +134,7 @@ class _GatheredPreActs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x_in, w_enc, idx = ctx.saved_tensors
-        B, k = idx.shape
+        k = idx.shape[1]
         flat, g_flat = idx.reshape(-1), g.reshape(-1).contiguous()
         order = torch.argsort(flat)
         counts = torch.bincount(flat, minlength=ctx.n_features)
