@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
@@ -36,3 +37,38 @@ def test_recon_rows_by_phase_and_fvu_of_a_perfect_reconstruction():
     assert out[0]["fvu"] == pytest.approx(expected, rel=1e-6)
     assert out[0]["explained_variance"] == pytest.approx(1 - expected)
     assert out[0]["l0"] <= 3
+
+
+def test_paired_fvu_difference_over_files():
+    from trajscope.prepare.sae_eval_stage import paired_ratio_diff
+
+    rng = np.random.default_rng(0)
+    files = np.repeat([f"f{i}" for i in range(12)], 20)
+    den = rng.uniform(1, 2, files.size) * np.repeat(rng.uniform(0.5, 3, 12), 20)  # files differ a lot
+    num = 0.3 * den * rng.uniform(0.8, 1.2, files.size)
+    same = paired_ratio_diff((num, den, files), (num, den, files), n_boot=200)
+    assert same["estimate"] == 0 and same["lo"] == 0 and same["hi"] == 0 and same["n_files"] == 12
+    half = paired_ratio_diff((num, den, files), (0.5 * num, den, files), n_boot=200)
+    ratio = num.sum() / den.sum()
+    assert abs(half["estimate"] - 0.5 * ratio) < 1e-12 and 0 < half["lo"] < half["estimate"] < half["hi"]
+    # paired over files: a per-file shift common to both ratios cancels, so the interval stays narrow
+    assert half["hi"] - half["lo"] < 0.2 * half["estimate"]
+
+
+def test_reproducibility_by_step_reads_both_seeds_snapshots(tmp_path):
+    from safetensors.torch import save_file
+
+    from trajscope.prepare.sae_eval_stage import reproducibility_by_step
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 16, generator=g)
+    for mix in ("prefill-only", "hybrid"):
+        for seed, mats in ((0, {0: torch.randn(64, 16, generator=g), 100: w}),
+                           (1, {0: torch.randn(64, 16, generator=g), 100: w[torch.randperm(64, generator=g)]})):
+            (tmp_path / f"sae-{mix}-s{seed}").mkdir()
+            if mix == "prefill-only":
+                save_file({f"W_dec_step{k}": v.half() for k, v in mats.items()},
+                          str(tmp_path / f"sae-{mix}-s{seed}" / "decoder_snapshots.safetensors"))
+    rows = reproducibility_by_step(tmp_path, (0, 1), 0.9)
+    assert [(r["mix"], r["step"]) for r in rows] == [("prefill-only", 0), ("prefill-only", 100)]
+    assert rows[0]["share_0to1"] < 0.1 and rows[1]["share_0to1"] == 1.0 == rows[1]["share_1to0"]

@@ -54,5 +54,6 @@ def test_a_marked_stage_is_skipped_even_without_outputs(tmp_path):
 
 def test_stage_names_follow_the_config():
     names = [s.name for s in stages(PrepareConfig(seeds=(0, 1, 2)))]
-    assert names[:2] == ["collect", "profile"] and names[-2:] == ["sae-eval", "steer"]
-    assert sae_name("hybrid", 2) in names and len(names) == 2 + 6 + 2
+    assert names[:4] == ["collect", "profile", "harvest-prefill", "harvest-decode"]
+    assert names[-2:] == ["sae-eval", "steer"]
+    assert sae_name("hybrid", 2) in names and len(names) == 4 + 6 + 2

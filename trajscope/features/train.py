@@ -24,6 +24,11 @@ SAELens' standard SAE for ReLU + L1):
   ``e = x − x̂`` and ``ê`` is decoded from the top ``aux_k`` pre-activations of the
   dead features only — it gives dead features a gradient toward the residual error.
 
+TopK batches run sparsely (:func:`step_losses`): the dense pre-activations are computed once
+without a graph, and only the ``k`` active (and ``aux_k`` AuxK) entries carry gradients, with the
+decoder as an ``embedding_bag`` over the active rows of ``W_dec``; losses and gradients equal the
+dense computation's up to float rounding. Threads are the caller's (``torch.set_num_threads``).
+
 Loss curves go to a CSV (one row per ``log_every`` steps).
 """
 
@@ -34,10 +39,12 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
 import torch
+import torch.nn.functional as F
 
 from trajscope.errors import TrajscopeError
 from trajscope.sae.model import SAE, SAEConfig, resid_hook_name
@@ -114,9 +121,102 @@ def _resample(sae: SAE, dead: torch.Tensor, x: torch.Tensor, x_hat: torch.Tensor
     return int(idx.numel())
 
 
+class _GatheredPreActs(torch.autograd.Function):
+    """``h[b, idx[b, j]]`` of ``h = x_in W_enc + b_enc``, given those values, with a backward that touches only
+    the gathered entries (cost ``B·k·d_in`` instead of the dense ``B·d_sae·d_in``)."""
+
+    @staticmethod
+    def forward(ctx, x_in, w_enc, b_enc, idx, values):
+        ctx.save_for_backward(x_in, w_enc, idx)
+        ctx.n_features = b_enc.shape[0]
+        return values.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        x_in, w_enc, idx = ctx.saved_tensors
+        k = idx.shape[1]
+        flat, g_flat = idx.reshape(-1), g.reshape(-1).contiguous()
+        order = torch.argsort(flat)
+        counts = torch.bincount(flat, minlength=ctx.n_features)
+        offsets = torch.cumsum(counts, 0) - counts
+        rows = torch.div(order, k, rounding_mode="floor")
+        # dW_enc[:, i] = Σ over the (b, j) with idx[b, j] = i of g[b, j] · x_in[b]: one bag of rows per feature
+        d_w = F.embedding_bag(rows, x_in, offsets, mode="sum", per_sample_weights=g_flat[order]).T
+        d_b = torch.zeros(ctx.n_features, dtype=g.dtype).index_add_(0, flat, g_flat)
+        d_x = F.embedding_bag(idx, w_enc.T.contiguous(), mode="sum", per_sample_weights=g.contiguous())
+        return d_x, d_w, d_b, None, None
+
+
+def _sparse_pre_acts(sae: SAE, x_in: torch.Tensor, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """The pre-activations ``h`` at ``idx [B, k]``, differentiable in ``x_in``, ``W_enc`` and ``b_enc``."""
+    return _GatheredPreActs.apply(x_in, sae.W_enc, sae.b_enc, idx, h.gather(-1, idx))
+
+
+def _sparse_decode(sae: SAE, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+    """``Σ_j vals[b, j] · W_dec[idx[b, j]]`` without the dense ``[B, d_sae]`` code (no ``b_dec``)."""
+    return F.embedding_bag(idx, sae.W_dec, mode="sum", per_sample_weights=vals)
+
+
+def _sparse_ok(sae: SAE, cfg: TrainConfig) -> bool:
+    """Whether the TopK sparse path applies: it assumes ``h = (x − b_dec) W_enc + b_enc`` as trained here."""
+    c = sae.cfg
+    return (cfg.architecture == "topk" and c.normalize_activations in ("none", "expected_average_only_in")
+            and not c.rescale_acts_by_decoder_norm)
+
+
+def step_losses(sae: SAE, x: torch.Tensor, cfg: TrainConfig, dead: torch.Tensor, *,
+                sparse: bool | None = None) -> tuple[torch.Tensor, ...]:
+    """One batch's losses (module docstring): ``(mse, aux, sparsity, x_hat, fired [d_sae] bool, l0)``.
+
+    TopK SAEs take the sparse path by default (``sparse=None``): the dense pre-activations are computed
+    once without a graph, the top ``k`` (and, for AuxK, the top ``aux_k`` dead) entries are re-entered
+    through :class:`_GatheredPreActs`, and the decoder runs as an ``embedding_bag`` over the active rows of
+    ``W_dec``. Losses and gradients equal the dense path's (``sparse=False``) up to float rounding; only the
+    dense path serves ReLU SAEs.
+    """
+    sparse = _sparse_ok(sae, cfg) if sparse is None else (sparse and _sparse_ok(sae, cfg))
+    zero = torch.zeros(())
+    n_dead = int(dead.sum())
+    use_aux = cfg.architecture == "topk" and n_dead > 0 and cfg.aux_k > 0
+    kk = min(cfg.aux_k, n_dead)
+    if sparse:
+        x_in = x - sae.b_dec * float(sae.cfg.apply_b_dec_to_input)
+        with torch.no_grad():
+            h = torch.addmm(sae.b_enc, x_in, sae.W_enc)
+            idx = torch.topk(h, int(sae.cfg.k), dim=-1, sorted=False).indices
+        vals = _sparse_pre_acts(sae, x_in, h, idx).relu()
+        x_hat = _sparse_decode(sae, idx, vals) + sae.b_dec
+        aux = zero
+        if use_aux:
+            e = (x - x_hat).detach()
+            with torch.no_grad():
+                aux_idx = torch.topk(h.masked_fill(~dead, float("-inf")), kk, dim=-1).indices
+            e_hat = _sparse_decode(sae, aux_idx, _sparse_pre_acts(sae, x_in, h, aux_idx).relu())
+            aux = (e - e_hat).pow(2).sum(-1).mean() / e.pow(2).sum(-1).mean().clamp_min(1e-8)
+        with torch.no_grad():
+            active = vals > 0
+            fired = torch.zeros(sae.cfg.d_sae, dtype=torch.bool)
+            fired[idx[active]] = True
+            l0 = active.sum(-1).float().mean()
+        return (x - x_hat).pow(2).mean(), aux, zero, x_hat, fired, l0
+    h = sae.pre_acts(x)
+    f = sae.activate(h)
+    x_hat = f @ sae.W_dec + sae.b_dec
+    aux = zero
+    if use_aux:
+        e = (x - x_hat).detach()
+        vals, idx = torch.topk(h.masked_fill(~dead, float("-inf")), kk, dim=-1)
+        e_hat = torch.zeros_like(h).scatter_(-1, idx, vals.relu()) @ sae.W_dec
+        aux = (e - e_hat).pow(2).sum(-1).mean() / e.pow(2).sum(-1).mean().clamp_min(1e-8)
+    sparsity = zero if cfg.architecture == "topk" else f.sum(-1).mean()
+    with torch.no_grad():
+        fired, l0 = (f > 0).any(0), (f > 0).sum(-1).float().mean()
+    return (x - x_hat).pow(2).mean(), aux, sparsity, x_hat, fired, l0
+
+
 def train_sae(prefill: torch.Tensor, decode: torch.Tensor | None, cfg: TrainConfig, *, layer: int,
               metadata: dict | None = None, log_csv: str | os.PathLike | None = None,
-              progress: bool = True) -> tuple[SAE, pl.DataFrame]:
+              progress: bool = True, on_log: Callable[[int, SAE], None] | None = None) -> tuple[SAE, pl.DataFrame]:
     """Train an SAE on a prefill pool and (for hybrid) a decode pool.
 
     Args:
@@ -127,6 +227,8 @@ def train_sae(prefill: torch.Tensor, decode: torch.Tensor | None, cfg: TrainConf
         metadata: extra fields for ``cfg.json``'s metadata (model name, harvest info).
         log_csv: where to write the loss curve (step, tokens, loss, mse, fvu, l0, aux, dead, lr, seconds).
         progress: show a tqdm bar.
+        on_log: called as ``on_log(step, sae)`` at every logged step (the SAE reads *scaled* inputs then:
+            its decoder directions are final, its norms are not).
 
     Returns:
         The trained :class:`SAE` (reads raw activations) and the loss-curve frame.
@@ -172,23 +274,8 @@ def train_sae(prefill: torch.Tensor, decode: torch.Tensor | None, cfg: TrainConf
         for g in opt.param_groups:
             g["lr"] = lr
         x = _batch(prefill, decode, n_dec, cfg.batch_size, gen)
-        h = sae.pre_acts(x)
-        f = sae.activate(h)
-        x_hat = f @ sae.W_dec + sae.b_dec
-        mse = (x - x_hat).pow(2).mean()
         dead = since_fired >= cfg.dead_after
-        aux = torch.zeros(())
-        if cfg.architecture == "topk":
-            sparsity = torch.zeros(())
-            if dead.any() and cfg.aux_k > 0:
-                e = (x - x_hat).detach()
-                h_dead = h.masked_fill(~dead, float("-inf"))
-                kk = min(cfg.aux_k, int(dead.sum()))
-                vals, idx = torch.topk(h_dead, kk, dim=-1)
-                e_hat = torch.zeros_like(h).scatter_(-1, idx, vals.relu()) @ sae.W_dec
-                aux = (e - e_hat).pow(2).sum(-1).mean() / e.pow(2).sum(-1).mean().clamp_min(1e-8)
-        else:
-            sparsity = f.sum(-1).mean()
+        mse, aux, sparsity, x_hat, fired, l0 = step_losses(sae, x, cfg, dead)
         loss = mse + cfg.l1_coefficient * sparsity + cfg.aux_coefficient * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -196,7 +283,6 @@ def train_sae(prefill: torch.Tensor, decode: torch.Tensor | None, cfg: TrainConf
         opt.step()
         _unit_decoder(sae)
         with torch.no_grad():
-            fired = (f > 0).any(0)
             since_fired = torch.where(fired, torch.zeros_like(since_fired), since_fired + x.shape[0])
             resampled = 0
             if (cfg.architecture == "standard" and cfg.resample_every and step > 0
@@ -207,12 +293,14 @@ def train_sae(prefill: torch.Tensor, decode: torch.Tensor | None, cfg: TrainConf
             with torch.no_grad():
                 centred = (x - x.mean(0)).pow(2).sum()
                 rec = {"step": step, "tokens": (step + 1) * cfg.batch_size, "loss": float(loss), "mse": float(mse),
-                       "fvu": float((x - x_hat).pow(2).sum() / centred), "l0": float((f > 0).sum(-1).float().mean()),
+                       "fvu": float((x - x_hat).pow(2).sum() / centred), "l0": float(l0),
                        "aux": float(aux), "sparsity": float(sparsity),
                        "dead": float((since_fired >= cfg.dead_after).float().mean()),
                        "resampled": resampled, "lr": lr, "seconds": time.perf_counter() - t0}
             log.append(rec)
             bar.set_postfix(fvu=f"{rec['fvu']:.3f}", l0=f"{rec['l0']:.0f}", dead=f"{rec['dead']:.2f}")
+            if on_log is not None:
+                on_log(step, sae)
             if not math.isfinite(rec["loss"]):
                 raise TrajscopeError(f"Training diverged at step {step} (loss {rec['loss']}); lower the learning rate.")
     bar.close()

@@ -6,12 +6,14 @@ Stages, in order (each writes ``OUT/<stage>/`` and a marker; see :mod:`.stages`)
    (:mod:`.corpus`) with every layer's residuals;
 2. ``profile`` (:mod:`.profile_stage`): a drift profile fitted and calibrated on
    disjoint source files, with its per-position FPR by layer on the evaluate files;
-3. ``sae-<mix>-s<seed>`` (:mod:`.sae_stage`): TopK SAEs at one layer, prefill-only
-   and hybrid, each seed;
-4. ``sae-eval`` (:mod:`.sae_eval_stage`): FVU, explained variance, L0, dead/dense and CE loss
+3. ``harvest-prefill``, ``harvest-decode`` (:mod:`.harvest_stage`): many more layer rows
+   (prefill windows; greedy continuations) from training source files only;
+4. ``sae-<mix>-s<seed>`` (:mod:`.sae_stage`): TopK SAEs at one layer, prefill-only
+   and hybrid, each seed, on the collect stage's training rows plus the harvests;
+5. ``sae-eval`` (:mod:`.sae_eval_stage`): FVU, explained variance, L0, dead/dense and CE loss
    recovered by phase on the evaluate files, reproducibility across seeds, and the feature
    index of seed 0 of the prefill-only SAE;
-5. ``steer`` (:mod:`.steer_stage`): a CAA vector (answer in French), layer and strength
+6. ``steer`` (:mod:`.steer_stage`): a CAA vector (answer in French), layer and strength
    picked on sweep prompts, success rate and fluency cost on held-out prompts.
 
 Position 0 (the attention sink) is excluded from every stage (``first_pos``), and every
@@ -84,6 +86,7 @@ class Context:
 
 
 MIXES = ("prefill-only", "hybrid")
+HARVESTS = ("prefill", "decode")
 
 
 def sae_name(mix: str, seed: int) -> str:
@@ -100,10 +103,13 @@ def _lazy(module: str, *args: Any):
 
 def stages(cfg: PrepareConfig = PrepareConfig()) -> list[Stage]:
     """The stages of a build, in order."""
+    harvest = [Stage(f"harvest-{which}", _lazy("harvest_stage", which),
+                     f"layer-{cfg.layer} {which} rows of the training source files") for which in HARVESTS]
     saes = [Stage(sae_name(mix, seed), _lazy("sae_stage", mix, seed), f"train the {mix} TopK SAE, seed {seed}")
             for mix in MIXES for seed in cfg.seeds]
     return [Stage("collect", _lazy("collect"), "greedy continuations and residuals of the corpus"),
             Stage("profile", _lazy("profile_stage"), "drift profile split by source file"),
+            *harvest,
             *saes,
             Stage("sae-eval", _lazy("sae_eval_stage"), "SAE metrics, reproducibility across seeds, feature index"),
             Stage("steer", _lazy("steer_stage"), "CAA vector: layer sweep, success and fluency on held-out prompts")]

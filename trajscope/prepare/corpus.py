@@ -115,3 +115,45 @@ def split_items(items: Sequence[dict], fractions: Sequence[float], seed: int) ->
         parts = split_ids([it["id"] for it in mine], fractions, seed=seed, groups=[it["group"] for it in mine])
         part_of.update({i: name for name, ids in parts.items() for i in ids})
     return part_of
+
+
+def training_sources(exclude_groups: set[str], max_chars: int) -> list[dict]:
+    """Stdlib source files and documentation topics, minus ``exclude_groups``, for the training harvest.
+
+    The same population as :func:`stdlib_items` and :func:`docs_items` (same skip rules, same SHA-1
+    order, so the corpus's files come first), every eligible file rather than the first ``n``; each
+    source's text is cut to ``max_chars``. The two kinds alternate (stdlib, docs, stdlib, ...) until the
+    topics run out. Returns ``{"group", "kind", "text"}`` records.
+    """
+    from pydoc_data.topics import topics
+
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    files = sorted((p.relative_to(root).as_posix() for p in root.rglob("*.py")
+                    if not any(part in SKIP_DIRS for part in p.relative_to(root).as_posix().split("/")[:-1])),
+                   key=_h)
+    stdlib = [{"group": rel, "kind": "stdlib",
+               "text": (root / rel).read_text(encoding="utf-8", errors="replace")[:max_chars]}
+              for rel in files if rel not in exclude_groups]
+    docs = [{"group": f"pydoc:{t}", "kind": "docs", "text": topics[t][:max_chars]}
+            for t in sorted(topics, key=_h) if f"pydoc:{t}" not in exclude_groups]
+    out = []
+    for i in range(max(len(stdlib), len(docs))):
+        out += [src[i] for src in (stdlib, docs) if i < len(src)]
+    return [s for s in out if s["text"].strip()]
+
+
+def windows(model: Any, sources: Sequence[dict], size: int, start: int, stride: int, per_source: int,
+            total: int) -> list[dict]:
+    """Token windows of ``size`` tokens at token offsets ``start, start + stride, ...`` (``per_source`` at
+    most) of each source in order, until ``total`` windows: ``{"group", "kind", "offset", "ids"}``."""
+    out = []
+    for src in sources:
+        ids = model.encode(src["text"])
+        for j in range(per_source):
+            a = start + j * stride
+            if a + size > len(ids) or len(out) >= total:
+                break
+            out.append({"group": src["group"], "kind": src["kind"], "offset": a, "ids": ids[a:a + size]})
+        if len(out) >= total:
+            break
+    return out

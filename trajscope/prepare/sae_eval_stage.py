@@ -12,7 +12,9 @@ continuations), on rows of the evaluate files only, position 0 excluded:
   (:mod:`trajscope.features.ce_recovered`), for the ``ce_seeds`` on up to ``ce_max_seqs``
   evaluate sequences (taken round-robin over files);
 
-each with a bootstrap interval over files. Reproducibility across seeds: the share of
+each with a bootstrap interval over files; paired FVU differences (decode − prefill per
+SAE, hybrid − prefill-only per seed and phase) with one draw of files weighting both
+ratios (:func:`paired_ratio_diff`). Reproducibility across seeds: the share of
 one seed's features whose decoder row has cosine ≥ ``reproduce_cos`` with some
 feature of the other seed (both directions, all features and alive ones). The
 feature index (:mod:`trajscope.features.index`) of seed 0 of the prefill-only SAE is
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+import numpy as np
 import polars as pl
 import torch
 
@@ -48,17 +51,62 @@ def _encode(sae: SAE, x: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor,
     return torch.cat([p[0] for p in parts]).float(), torch.cat([p[1] for p in parts]).float()
 
 
+def paired_ratio_diff(a: tuple, b: tuple, *, level: float = 0.95, n_boot: int = 1000, seed: int = 0) -> dict:
+    """``Σnum_a/Σden_a − Σnum_b/Σden_b`` with a percentile interval from resampling files jointly.
+
+    ``a`` and ``b`` are ``(num, den, files)`` per row; one draw of files (with replacement, from the files
+    of either) weights both ratios, so the interval is paired over files.
+    """
+    files = np.unique(np.concatenate([np.asarray(a[2]), np.asarray(b[2])]))
+    k = files.size
+
+    def sums(t):
+        codes = np.searchsorted(files, np.asarray(t[2]))
+        return (np.bincount(codes, np.asarray(t[0], dtype=np.float64), minlength=k),
+                np.bincount(codes, np.asarray(t[1], dtype=np.float64), minlength=k))
+
+    (na, da), (nb, db) = sums(a), sums(b)
+    rng = np.random.default_rng(seed)
+    draws = np.stack([np.bincount(rng.integers(0, k, k), minlength=k) for _ in range(n_boot)]).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        boot = draws @ na / (draws @ da) - draws @ nb / (draws @ db)
+    boot = boot[np.isfinite(boot)]
+    lo, hi = np.quantile(boot, [(1 - level) / 2, 1 - (1 - level) / 2]) if boot.size and k > 1 else (np.nan, np.nan)
+    return {"estimate": float(na.sum() / da.sum() - nb.sum() / db.sum()), "lo": float(lo), "hi": float(hi),
+            "n_files": int(k), "level": level, "n_boot": n_boot}
+
+
+def _fvu_parts(sae: SAE, x: torch.Tensor, rows: pl.DataFrame, phase: str) -> tuple:
+    """Per row of ``phase``: ``(‖x − x̂‖², ‖x − x̄_phase‖², file)``, with the codes."""
+    m = torch.as_tensor((rows["phase"] == phase).to_numpy())
+    xp, files = x[m], rows.filter(pl.Series(m.numpy()))["group"].to_numpy()
+    xh, f = _encode(sae, xp)
+    err = (xp - xh).double().pow(2).sum(-1).numpy()
+    cen = (xp.double() - xp.double().mean(0)).pow(2).sum(-1).numpy()
+    return (err, cen, files), xp, xh, f
+
+
+def fvu_gaps(saes: dict, x: torch.Tensor, rows: pl.DataFrame, n_boot: int) -> list[dict]:
+    """Paired FVU differences over files: decode − prefill per SAE, and hybrid − prefill-only per seed and phase."""
+    parts = {(key, ph): _fvu_parts(sae, x, rows, ph)[0] for key, sae in saes.items() for ph in PHASES}
+    out = [{"comparison": "decode - prefill", "mix": mix, "seed": seed, "phase": "both",
+            **paired_ratio_diff(parts[((mix, seed), "decode")], parts[((mix, seed), "prefill")], n_boot=n_boot)}
+           for mix, seed in saes]
+    for seed in sorted({s for _, s in saes}):
+        if ("hybrid", seed) in saes and ("prefill-only", seed) in saes:
+            out += [{"comparison": "hybrid - prefill-only", "mix": "both", "seed": seed, "phase": ph,
+                     **paired_ratio_diff(parts[(("hybrid", seed), ph)], parts[(("prefill-only", seed), ph)],
+                                         n_boot=n_boot)} for ph in PHASES]
+    return out
+
+
 def recon_rows(saes: dict, x: torch.Tensor, rows: pl.DataFrame, n_boot: int) -> list[dict]:
     """Reconstruction metrics per SAE and phase with file-bootstrap intervals."""
     out = []
     for (mix, seed), sae in saes.items():
         for phase in PHASES:
-            m = torch.as_tensor((rows["phase"] == phase).to_numpy())
-            xp, files = x[m], rows.filter(pl.Series(m.numpy()))["group"].to_numpy()
-            xh, f = _encode(sae, xp)
+            (err, cen, files), xp, xh, f = _fvu_parts(sae, x, rows, phase)
             st = reconstruction_stats(xp, xh, f)
-            err = (xp - xh).double().pow(2).sum(-1).numpy()
-            cen = (xp.double() - xp.double().mean(0)).pow(2).sum(-1).numpy()
             fvu = ratio_interval(err, cen, files, n_boot=n_boot)
             l0 = cluster_bootstrap((f > 0).sum(-1).double().numpy(), files, n_boot=n_boot)
             out.append({"mix": mix, "seed": seed, "phase": phase, "n_rows": st["n"], "n_files": len(set(files)),
@@ -112,6 +160,32 @@ def reproducibility(saes: dict, x: torch.Tensor, threshold: float) -> list[dict]
     return out
 
 
+def reproducibility_by_step(out: pathlib.Path, seeds, threshold: float) -> list[dict]:
+    """The share reproducing (seed a → seed b, decoder cosine ≥ ``threshold``) at every decoder snapshot that both
+    seeds' SAE stages saved (``decoder_snapshots.safetensors``; none: empty)."""
+    from safetensors import safe_open
+
+    def snaps(mix, seed):
+        path = out / sae_name(mix, seed) / "decoder_snapshots.safetensors"
+        if not path.is_file():
+            return {}
+        with safe_open(str(path), framework="pt") as fh:
+            return {int(k.rsplit("step", 1)[1]): fh.get_tensor(k) for k in fh.keys()}
+
+    rows = []
+    for mix in MIXES:
+        if len(seeds) < 2:
+            break
+        a, b = snaps(mix, seeds[0]), snaps(mix, seeds[1])
+        for step in sorted(set(a) & set(b)):
+            ab, _ = decoder_match(b[step], a[step])
+            ba, _ = decoder_match(a[step], b[step])
+            rows.append({"mix": mix, "step": step, "share_0to1": float((ab >= threshold).double().mean()),
+                         "share_1to0": float((ba >= threshold).double().mean()), "median_max_cos": float(ab.median()),
+                         "threshold": threshold})
+    return rows
+
+
 def feature_index(sae: SAE, acts: torch.Tensor, rows: pl.DataFrame, seqs: pl.DataFrame, tok, top_n: int,
                   meta: dict) -> FeatureIndex:
     """Top contexts and prefill/decode density of every feature over all collected rows."""
@@ -138,6 +212,7 @@ def run(ctx, d: pathlib.Path) -> dict:
     x, r = acts[torch.as_tensor(ev)], rows.filter(pl.Series(ev))
     metrics = pl.DataFrame(recon_rows(saes, x, r, c.n_boot))
     write_table(metrics, d / "metrics.parquet", "prepare_sae_metrics")
+    gaps = fvu_gaps(saes, x, r, c.n_boot)
     repro = pl.DataFrame(reproducibility(saes, x, c.reproduce_cos))
     write_table(repro, d / "reproducibility.parquet", "prepare_sae_reproducibility")
     index = feature_index(saes[("prefill-only", c.seeds[0])], acts, rows, seqs, ctx.model.tokenizer, c.index_top_n,
@@ -146,7 +221,9 @@ def run(ctx, d: pathlib.Path) -> dict:
     index.save(d / "index")
     ce, ce_sum = ce_rows(ctx.model, saes, seqs, c, c.n_boot)
     write_table(ce, d / "ce.parquet", "prepare_sae_ce")
-    report = {"metrics": metrics.to_dicts(), "ce_recovered": ce_sum, "reproducibility": repro.to_dicts(),
+    report = {"metrics": metrics.to_dicts(), "fvu_gaps": gaps, "ce_recovered": ce_sum,
+              "reproducibility": repro.to_dicts(),
+              "reproducibility_by_step": reproducibility_by_step(ctx.out, c.seeds, c.reproduce_cos),
               "eval": {"part": "evaluate", "split_by": "source file", "n_rows": int(ev.sum()),
                        "n_files": r["group"].n_unique()}, **ctx.meta}
     (d / "report.json").write_text(json.dumps(report, indent=1), encoding="utf-8")

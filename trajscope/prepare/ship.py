@@ -3,7 +3,8 @@
 Shipped (``DEST/``): ``profile.safetensors``; ``saes/layerL-prefill-only`` (seed 0, with its
 feature index) and ``saes/layerL-hybrid`` (seed 0), each ``cfg.json`` +
 ``sae_weights.safetensors`` + ``training_log.csv``; ``vectors/`` (the CAA vector);
-``report/`` (every metric table and summary, seed-1 metrics included; no activations);
+``report/`` (every metric table and summary, seed-1 metrics included, the harvests' ``meta.json``;
+no activations);
 ``config.json`` and ``figures.md`` (:func:`figures`).
 """
 
@@ -51,6 +52,11 @@ def figures(out: str | pathlib.Path) -> str:
            f"{_ci(m['fvu'], m['fvu_lo'], m['fvu_hi'])} | {m['explained_variance']:.3f} | "
            f"{m['explained_variance_uncentred']:.3f} | {_ci(m['l0'], m['l0_lo'], m['l0_hi'], 1)} | "
            f"{m['dead']:.3f} | {m['dense']:.3f} |" for m in rep["metrics"]]
+    if rep.get("fvu_gaps"):
+        md += ["", "### FVU differences, paired over files (bootstrap 95%)", "",
+               "| comparison | mix | seed | phase | difference | files |", "|---|---|---|---|---|---|"]
+        md += [f"| {g['comparison']} | {g['mix']} | {g['seed']} | {g['phase']} | "
+               f"{_ci(g['estimate'], g['lo'], g['hi'])} | {g['n_files']} |" for g in rep["fvu_gaps"]]
     md += ["", "### CE loss recovered (normalised by zero-ablation; bootstrap 95% over files)", "",
            "| SAE | phase | CE recovered | CE clean | CE zero | CE spliced | positions | sequences | files |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -62,6 +68,12 @@ def figures(out: str | pathlib.Path) -> str:
            "|---|---|---|---|---|---|"]
     md += [f"| {r['mix']} | {r['seed']} → {r['other_seed']} | {r['share']:.4f} | {r['share_of_alive']:.4f} | "
            f"{r['n_alive']}/{r['n_features']} | {r['median_max_cos']:.3f} |" for r in rep["reproducibility"]]
+    by_step = rep.get("reproducibility_by_step") or []
+    if by_step:
+        md += ["", "Through training (decoder snapshots of both seeds):", "",
+               "| mix | step | share 0 → 1 | share 1 → 0 | median max cos |", "|---|---|---|---|---|"]
+        md += [f"| {r['mix']} | {r['step']} | {r['share_0to1']:.4f} | {r['share_1to0']:.4f} | "
+               f"{r['median_max_cos']:.3f} |" for r in by_step]
     st = json.loads((out / "steer" / "summary.json").read_text(encoding="utf-8"))
     ch = st["chosen"]
     md += ["", f"### Steering: French CAA at layer {ch['layer']}, strength {ch['strength']:g} "
@@ -115,6 +127,9 @@ def ship(out: str | pathlib.Path, dest: str | pathlib.Path, layer: int, seed: in
     for stage, files in REPORT_FILES.items():
         for f in files:
             shutil.copy2(out / stage / f, dest / "report" / f"{stage}_{f}")
+    for name in ("harvest-prefill", "harvest-decode"):
+        if (out / name / "meta.json").is_file():
+            shutil.copy2(out / name / "meta.json", dest / "report" / f"{name}_meta.json")
     for d in sorted(out.iterdir()):
         if (d / "DONE.json").is_file():
             shutil.copy2(d / "DONE.json", dest / "report" / f"{d.name}_DONE.json")
