@@ -196,3 +196,22 @@ def test_any_table_groups_by_segment(chat_model):
     assert lazy.equals(tel)
     with pytest.raises(ValueError, match="prompt_len"):
         positions.with_segment(telemetry, tokens)
+
+
+def test_study_prompt_files_take_chat_messages(chat_model, tmp_path):
+    """A study's --prompts file may hold chat messages; they are rendered through the template."""
+    from trajscope.errors import TrajscopeError
+    from trajscope.studies import prompts as P
+
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "def f(x):"}]
+    f = tmp_path / "chat.jsonl"
+    f.write_text(json.dumps({"id": "a", "messages": msgs}) + "\n" + json.dumps({"prompt": "x = 1"}) + "\n")
+    items = P.read_prompt_file(f)
+    encoded = dict(P.encode_prompts(chat_model, items))
+    assert encoded["a"] == encode_chat(chat_model.tokenizer, msgs).ids
+    assert encoded["2"] == chat_model.encode("x = 1")
+    with pytest.raises(TrajscopeError, match="text prompts only"):
+        P.with_header(items)
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"messages": []}) + "\n")
+    with pytest.raises(TrajscopeError, match="line 1.*\"messages\" list"):
+        P.read_prompt_file(tmp_path / "bad.jsonl")

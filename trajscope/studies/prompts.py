@@ -26,8 +26,10 @@ DEFAULT_HEADER = (
 def read_prompt_file(path: str | pathlib.Path, max_prompts: int | None = None) -> list[dict]:
     """Prompts of a JSON-lines file, one ``{"prompt": ..., "id": ...}`` (or a JSON string) per line.
 
-    A small local reader (the integrator swaps it for the CLI's shared one). Items without an
-    ``id`` get their line number. Raises one clear error for a missing file, bad JSON or no prompts.
+    A line may hold chat ``"messages"`` (``[{"role": ..., "content": ...}, ...]``) instead of a
+    ``"prompt"`` string: :func:`encode_prompts` renders them through the model's chat template.
+    Items without an ``id`` get their line number. Raises one clear error for a missing file, bad
+    JSON or no prompts.
     """
     p = pathlib.Path(path)
     if not p.is_file():
@@ -41,8 +43,11 @@ def read_prompt_file(path: str | pathlib.Path, max_prompts: int | None = None) -
         except json.JSONDecodeError as exc:
             raise TrajscopeError(f"{path}, line {n}: not valid JSON ({exc.msg}).") from exc
         item = {"prompt": item} if isinstance(item, str) else item
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
-            raise TrajscopeError(f"{path}, line {n}: expected a JSON object with a non-empty \"prompt\" string.")
+        chat = isinstance(item, dict) and isinstance(item.get("messages"), list) and bool(item["messages"])
+        if not chat and (not isinstance(item, dict) or not isinstance(item.get("prompt"), str)
+                         or not item["prompt"].strip()):
+            raise TrajscopeError(f"{path}, line {n}: expected a JSON object with a non-empty \"prompt\" string or "
+                                 "a \"messages\" list.")
         out.append({**item, "id": str(item.get("id", n))})
         if max_prompts is not None and len(out) >= max_prompts:
             break
@@ -52,17 +57,29 @@ def read_prompt_file(path: str | pathlib.Path, max_prompts: int | None = None) -
 
 
 def encode_prompts(model: Any, prompts: Sequence[dict | str], max_tokens: int | None = None) -> list[tuple[str, list[int]]]:
-    """``(id, token ids)`` per prompt, each cut to its first ``max_tokens`` tokens when given."""
+    """``(id, token ids)`` per prompt, each cut to its first ``max_tokens`` tokens when given.
+
+    A prompt with ``"messages"`` is rendered through the model's chat template
+    (:func:`trajscope.chat.encode_chat`); a message list the template rejects is one sentence.
+    """
+    from trajscope.chat import encode_chat
+
     out = []
     for i, p in enumerate(prompts):
         item = {"prompt": p} if isinstance(p, str) else p
-        ids = model.encode(item["prompt"])
+        ids = encode_chat(model.tokenizer, item["messages"]).ids if "messages" in item else model.encode(item["prompt"])
         out.append((str(item.get("id", i)), ids[:max_tokens] if max_tokens else ids))
     return out
 
 
 def with_header(prompts: Sequence[dict], header: str = DEFAULT_HEADER) -> list[dict]:
-    """Each prompt with ``header`` prepended (a synthetic shared system prompt / boilerplate)."""
+    """Each prompt with ``header`` prepended (a synthetic shared system prompt / boilerplate).
+
+    Chat prompts are refused with one sentence: their template already gives them a shared prefix.
+    """
+    if any("messages" in p for p in prompts):
+        raise TrajscopeError("A header is prepended to text prompts only; chat prompts share their template's "
+                             "system turn already (leave out --header).")
     return [{**p, "prompt": header + p["prompt"]} for p in prompts]
 
 
