@@ -10,7 +10,7 @@ import pytest
 import trajscope as ts
 from trajscope.cli import main
 from trajscope.export import ALL_TABLES, export, read_table, scan
-from trajscope.report import compare
+from trajscope.reports.comparison import compare
 from trajscope.trajectory import SCHEMA_VERSION
 
 
@@ -91,7 +91,7 @@ def test_report_tables_and_skip_bad(runs, tmp_path, capsys):
 
 
 def test_report_of_many_runs_summarises(tiny_models, tmp_path):
-    from trajscope.report import MAX_ALIGNED_RUNS, MAX_CURVES
+    from trajscope.reports.comparison import MAX_ALIGNED_RUNS, MAX_CURVES
 
     model = tiny_models["gpt2"]
     many = [ts.capture(model, f"x = {i}", max_new_tokens=3, stop_at_eos=False, run_id=f"m{i:02d}")

@@ -13,7 +13,7 @@ import pytest
 import trajscope as ts
 from trajscope import leftovers
 from trajscope.export import export
-from trajscope.report import compare
+from trajscope.reports.comparison import compare
 from trajscope.ui.saved_runs import list_runs
 
 

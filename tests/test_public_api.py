@@ -13,7 +13,7 @@ PUBLIC = ["load_model", "capture", "CaptureConfig", "Trajectory", "SteeringVecto
 # reached through their modules now (they were top-level names before the API was cut down)
 MODULE_ONLY = {"ModelHandle": "trajscope.model", "capture_batch": "trajscope.capture.batch",
                "StepEvent": "trajscope.capture", "build_profile": "trajscope.studies.drift.build",
-               "steering_sweep": "trajscope.studies.steering.sweep", "SweepResult": "trajscope.studies.steering.sweep", "Comparison": "trajscope.report",
+               "steering_sweep": "trajscope.studies.steering.sweep", "SweepResult": "trajscope.studies.steering.sweep", "Comparison": "trajscope.reports.comparison",
                "eviction": "trajscope.studies.eviction.engine"}
 
 

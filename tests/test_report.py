@@ -16,7 +16,7 @@ import torch
 
 import trajscope as ts
 from trajscope.metrics.next_token import step_outputs
-from trajscope.report import compare
+from trajscope.reports.comparison import compare
 
 PROMPT = "def parse(text):\n    "
 K = 4

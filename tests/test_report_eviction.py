@@ -12,7 +12,7 @@ import pytest
 
 import trajscope as ts
 from trajscope.cli import main
-from trajscope.report import compare
+from trajscope.reports.comparison import compare
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 
 from trajscope.studies.serving import sections as rs
 from trajscope.errors import TrajscopeError
-from trajscope.report_studies import detect, sections, study_report
+from trajscope.reports.studies import detect, sections, study_report
 from trajscope.studies.registry import studies
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

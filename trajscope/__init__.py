@@ -28,7 +28,7 @@ Reached through their modules: ``trajscope.model.ModelHandle`` (what :func:`load
 returns), ``trajscope.capture.batch.capture_batch``, ``trajscope.capture.StepEvent`` (what a
 streaming callback receives), ``trajscope.studies.drift.build.build_profile``,
 ``trajscope.studies.steering.sweep.steering_sweep``, ``trajscope.studies.eviction.engine.eviction`` and
-``trajscope.report.Comparison``.
+``trajscope.reports.comparison.Comparison``.
 """
 
 from trajscope import studies
@@ -37,7 +37,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.export import export
 from trajscope.model import load_model
 from trajscope.profile import DriftProbe, ReferenceProfile
-from trajscope.report import compare
+from trajscope.reports.comparison import compare
 from trajscope.sae.model import SAE
 from trajscope.steering import SteeringVector
 from trajscope.trajectory import Trajectory

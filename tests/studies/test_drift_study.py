@@ -49,7 +49,7 @@ def test_the_headline_is_one_value_on_the_card_in_the_report_and_in_the_marker(t
                                                                               tmp_path, monkeypatch, data_dirs):
     """headline() is replaced by a sentinel: the marker, the report section and the card all show it, so none
     of them computes the number on its own."""
-    from trajscope.report_studies import study_report
+    from trajscope.reports.studies import study_report
     from trajscope.studies.drift.build import build_profile
     from trajscope.ui.views.app import TrajScope
 

@@ -172,7 +172,7 @@ def test_the_tables_agree_with_each_other(planted):
 
 def test_the_study_runs_from_the_command_line_and_reloads(tmp_path, capsys):
     from trajscope.cli import main
-    from trajscope.report_studies import detect, study_report
+    from trajscope.reports.studies import detect, study_report
 
     with pytest.raises(SystemExit):
         main(["study", "monitor", "--help"])

@@ -94,7 +94,7 @@ def test_a_config_must_be_a_frozen_dataclass():
 
 def test_one_module_gives_a_command_a_report_section_and_an_app_tab(toy, tmp_path, capsys):
     from trajscope.cli import main
-    from trajscope.report_studies import detect, study_report
+    from trajscope.reports.studies import detect, study_report
 
     with pytest.raises(SystemExit):  # the generated flags, with their help, are in the study's --help
         main(["study", "toy", "--help"])

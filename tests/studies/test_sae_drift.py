@@ -44,7 +44,7 @@ def test_the_headline_number_comes_from_one_function(tmp_path, monkeypatch, caps
     """``summarize`` patched to a sentinel: the marker, the summary table, the printed summary and the report
     section all show the sentinel, so none of them computes the number itself."""
     from trajscope.cli import main
-    from trajscope.report_studies import study_report
+    from trajscope.reports.studies import study_report
 
     real = S.summarize
 

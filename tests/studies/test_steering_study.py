@@ -59,7 +59,7 @@ def test_the_effect_is_one_value_on_the_card_in_the_report_and_in_the_marker(tin
                                                                             monkeypatch, data_dirs):
     """decay_summary() is replaced by one that writes a sentinel effect: the marker, the report section and the
     card all show it, so none of them computes the effect on its own."""
-    from trajscope.report_studies import study_report
+    from trajscope.reports.studies import study_report
     from trajscope.ui.views.app import TrajScope
 
     _sentinel(monkeypatch)

@@ -171,7 +171,7 @@ def test_payloads_stay_text_everywhere(bad_runs, sae_copy, app_page, tmp_path):
 
     # the comparison report of that run (and the demo run), opened in the same browser
     from trajscope.model import sample_data_dir
-    from trajscope.report import compare
+    from trajscope.reports.comparison import compare
 
     out = compare([run, sample_data_dir() / "runs" / "demo"]).save(tmp_path / "report.html")
     html = out.read_text()

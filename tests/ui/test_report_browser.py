@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import trajscope as ts
-from trajscope.report import compare
+from trajscope.reports.comparison import compare
 
 pytestmark = pytest.mark.ui
 

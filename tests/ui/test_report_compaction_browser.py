@@ -1,6 +1,6 @@
 """The compaction report section, embedded in a standalone page with BokehJS inline, renders offline in Chromium.
 
-This is the page shape the study report writes (``trajscope/report.py``'s inline BokehJS plus each
+This is the page shape the study report writes (``trajscope/reports/comparison.py``'s inline BokehJS plus each
 section's fragment and figures); the check is that the section's figures draw with the network off.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from trajscope.model import sample_data_dir
-from trajscope.report import _bokeh_js
+from trajscope.reports.page import bokeh_js
 from trajscope.studies.compaction.section import section
 from trajscope.studies.registry import Result
 
@@ -21,7 +21,7 @@ def test_section_renders_offline(tmp_path, page):
 
     title, frag, figs = section(Result.load(sample_data_dir() / "reports" / "compaction", "compaction"))
     script, divs = components(figs)
-    html = (f"<!doctype html><html><head><meta charset='utf-8'>{_bokeh_js()}{script}</head><body>"
+    html = (f"<!doctype html><html><head><meta charset='utf-8'>{bokeh_js()}{script}</head><body>"
             f"<h2>{title}</h2>{frag}{''.join(divs)}</body></html>")
     path = tmp_path / "compaction.html"
     path.write_text(html, encoding="utf-8")

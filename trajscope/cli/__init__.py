@@ -8,7 +8,7 @@
 - :mod:`trajscope.cli.sae`: ``harvest``, ``train-sae`` and ``sae-drift``;
 - :mod:`trajscope.studies.flags`: ``study NAME``, one subcommand per registered study (flags from its config);
 - :mod:`trajscope.studies.eviction.cli`: ``eviction``, an alias of ``study eviction`` that also takes ``--runs``;
-- :mod:`trajscope.report_studies`: ``study-report`` (one offline HTML page of the studies in directories);
+- :mod:`trajscope.reports.studies`: ``study-report`` (one offline HTML page of the studies in directories);
 - :mod:`trajscope.cli.options`: the options they share, defined once, and the one place where
   parsed options become a :class:`~trajscope.capture.CaptureConfig`.
 
@@ -25,7 +25,7 @@ import argparse
 import os
 import sys
 
-from trajscope import report_studies
+from trajscope.reports import studies as report_studies
 from trajscope.cli import capture, drift, prepare, sae, steer
 from trajscope.studies import flags as registered_studies
 from trajscope.studies.eviction import cli as eviction_alias

@@ -152,7 +152,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from trajscope.io import find_runs
-    from trajscope.report import compare
+    from trajscope.reports.comparison import compare
 
     comp = compare(find_runs(args.runs), skip_bad=args.skip_bad, profile=args.profile)
     if args.profile and "drift_by_depth" not in comp.tables():

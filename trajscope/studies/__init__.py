@@ -46,7 +46,7 @@ writes them as Parquet tables:
 - sae-stability (:mod:`~trajscope.studies.sae_stability`): SAEs trained on harvests that differ
   only by serving mode (batch, bfloat16, prefix cache), compared with the seed-to-seed spread.
 
-Report sections for each: :mod:`trajscope.studies.serving.sections`, assembled by :mod:`trajscope.report_studies`
+Report sections for each: :mod:`trajscope.studies.serving.sections`, assembled by :mod:`trajscope.reports.studies`
 (``trajscope study-report``).
 
 Shared pieces: :func:`~trajscope.studies.common.deltas` (L2 / relative L2 / cosine per

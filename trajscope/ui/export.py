@@ -70,7 +70,7 @@ def run_zip_bytes(traj: Trajectory) -> bytes:
 
 def report_bytes(traj: Trajectory, other: str | None = None) -> bytes:
     """The standalone HTML comparison report of ``traj`` (and the run directory ``other``, when given)."""
-    from trajscope.report import compare
+    from trajscope.reports.comparison import compare
 
     runs = [traj] + ([other.strip()] if other and other.strip() else [])
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,7 +7,7 @@ just returned) and returns ``(title, html, figures)``: an HTML
 fragment with the setup (model dtype, device, threads, prompts, rows), the study's numbers with
 their 95 % intervals (prompt-clustered bootstrap, :func:`trajscope.stats.cluster_bootstrap`),
 what is read against the determinism floor, and a list of Bokeh figures. Nothing is recomputed
-from the model: a section renders from the tables alone. :mod:`trajscope.report_studies`
+from the model: a section renders from the tables alone. :mod:`trajscope.reports.studies`
 detects which studies a directory holds and assembles the sections into one offline HTML file.
 
 None of these studies fits anything, so they have no held-out split: the floor is measured on

@@ -9,7 +9,7 @@ HTML fragment with the numbers, their 95 % intervals, setup, n and split, plus B
 A section that fails is reported in the page (with its one-sentence reason) instead of ending
 the report.
 
-:func:`study_report` writes the page with BokehJS inline (:func:`trajscope.report._bokeh_js`),
+:func:`study_report` writes the page with BokehJS inline (:func:`trajscope.reports.page.bokeh_js`),
 so it opens offline: no script, stylesheet or font is fetched. ``trajscope study-report DIR
 [DIR …] --out FILE.html`` is the command.
 """
@@ -47,7 +47,7 @@ def detect(study_dir: str | os.PathLike) -> list[str]:
 
 
 def _page(title: str, resources: str, script: str, body: str) -> str:
-    from trajscope.report import PAGE
+    from trajscope.reports.page import PAGE
 
     return PAGE.format(resources=resources, script=script, body=body, title=html_text(title))
 
@@ -65,7 +65,7 @@ def study_report(dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike)
     """
     from bokeh.embed import components
 
-    from trajscope.report import _bokeh_js
+    from trajscope.reports.comparison import bokeh_js
 
     if not dirs:
         raise TrajscopeError("Give at least one study directory.")
@@ -99,7 +99,7 @@ def study_report(dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike)
     out = pathlib.Path(out_path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(_page("trajscope study report", _bokeh_js(), script, "\n".join(body)), encoding="utf-8")
+        out.write_text(_page("trajscope study report", bokeh_js(), script, "\n".join(body)), encoding="utf-8")
     except OSError as exc:
         raise TrajscopeError(f"Cannot write the report to '{out}': {exc.strerror or exc}.") from exc
     return out

@@ -36,6 +36,7 @@ from trajscope.metrics.attention import TELEMETRY_FIELDS, step_telemetry
 from trajscope.metrics.next_token import step_outputs
 from trajscope.metrics.position_zscore import position_zscore
 from trajscope.studies.eviction.runs import NOTE as EVICTION_NOTE, eviction_figures, eviction_html, eviction_tables
+from trajscope.reports.page import PAGE, bokeh_js
 from trajscope.trajectory import Trajectory, parquet_metadata
 
 MAX_ALIGNED_STEPS = 300
@@ -274,27 +275,13 @@ class Comparison:
                 f"<li><code>{html_text(p)}</code>: {html_text(r)}</li>" for p, r in self.skipped) + "</ul>")
         body.append(f"<p class='note'>Tables: <code>{html_text(files.name)}/</code> ({', '.join(sorted(tables))}"
                     ".parquet).</p>")
-        doc = PAGE.format(resources=_bokeh_js(), script=script, body="\n".join(body),
+        doc = PAGE.format(resources=bokeh_js(), script=script, body="\n".join(body),
                           title=html_text(f"trajscope report — {len(self.runs)} run{'s' if len(self.runs) != 1 else ''}"))
         try:
             path.write_text(doc, encoding="utf-8")
         except OSError as exc:
             raise TrajscopeError(f"Cannot write the report to '{path}': {exc.strerror or exc}.") from exc
         return path
-
-
-def _bokeh_js() -> str:
-    """BokehJS itself, inline (no extension bundles).
-
-    ``bokeh.resources.INLINE`` is patched by Panel once Panel is imported in the same process, and
-    then carries Panel's extensions, which fetch from a CDN: a report written by the app (or after
-    any Panel import) would not open offline. The report's figures need BokehJS only.
-    """
-    from bokeh.util.paths import bokehjs_path
-
-    js = pathlib.Path(bokehjs_path()) / "js"
-    return "\n".join(f"<script type=\"text/javascript\">\n{(js / f'{name}.min.js').read_text(encoding='utf-8')}\n</script>"
-                     for name in ("bokeh", "bokeh-gl", "bokeh-widgets", "bokeh-tables"))
 
 
 def _drift_plots(by_depth: pl.DataFrame, profile) -> list:
@@ -365,21 +352,3 @@ def compare(runs: Sequence[Trajectory | str | os.PathLike], skip_bad: bool = Fal
 
         profile = ReferenceProfile.load(profile)
     return Comparison(loaded, skipped, profile=profile, paths=paths)
-
-
-PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-{resources}
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1200px; }}
-table {{ border-collapse: collapse; font-size: 12px; }} td, th {{ border: 1px solid #ddd; padding: 2px 6px; }}
-td.diff {{ background: #fde2e2; }} .scroll {{ max-height: 420px; overflow: auto; margin-bottom: 8px; }}
-.note {{ color: #555; font-size: 13px; }} h2 {{ border-bottom: 2px solid #1f77b4; padding-bottom: 2px; }}
-</style></head>
-<body><h1>{title}</h1>
-<p class="note">Step 0 is the prefill pass; step s ≥ 1 is the s-th decode pass (query at position P + s − 1).
-Written by trajscope; opens offline.</p>
-{body}
-{script}
-</body></html>
-"""
