@@ -8,14 +8,17 @@ headless Chromium pages (one browser, one page each: separate sessions):
    every step cursor of the Overview tab sits at the new step (*all plots*: token strip and
    telemetry curves, the values the server computed for that step).
 2. **Load.** ``--sessions`` pages in all. Two of them type their own prompts and generate
-   ``--tokens`` tokens at once; meanwhile every page presses → / ← in turn, round after round, until
-   both generations have ended and at least ``--rounds`` rounds are done. Each press is timed as
-   above; presses made while a generation ran are counted apart. Every page then clicks a token of
-   its strip (the step must follow). **Crossed state**: each generating page must show its own
-   prompt, and no page the other's.
+   ``--tokens`` tokens at once, pressing Generate again as each run ends (``--generations`` runs
+   each); meanwhile every other page presses → / ← in turn, round after round, until both have
+   finished their runs and at least ``--rounds`` rounds are done. Each press is timed as above;
+   presses made while a generation ran are counted apart. **Crossed state**: each generating page
+   must show its own prompt, and no page the other's.
 3. **Recovery.** Every page but the first is closed; once the server has released their sessions
    (``--release-timeout``), the first page is timed again as in 1, and the server's RSS and thread
-   count are compared with their idle values.
+   count are compared with their idle values. Whether the closed sessions' memory is free is told
+   apart from whether glibc returned it to the system: the script drops its own references to
+   their apps, counts those still alive after ``gc.collect()``, and samples RSS again after
+   ``malloc_trim(0)``.
 
 A sampler records every 0.5 s the server process's CPU time (this process: the Panel server, the
 model and the Playwright driver's thread) and, apart, the CPU time of its child processes (the
@@ -31,6 +34,8 @@ loopback only.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import os
 import pathlib
@@ -40,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -150,6 +156,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10, help="key-press rounds over all pages, at least")
     ap.add_argument("--idle-presses", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=64, help="tokens each of the two generating sessions asks for")
+    ap.add_argument("--generations", type=int, default=3, help="Generates per generating session during the load")
+    ap.add_argument("--max-load-s", type=float, default=600.0, help="the load phase stops after this many seconds")
     ap.add_argument("--release-timeout", type=float, default=90.0, help="seconds to wait for closed sessions' release")
     ap.add_argument("--port", type=int, default=5095)
     ap.add_argument("--out", default=None)
@@ -203,67 +211,72 @@ def main() -> None:
             out["idle"] = summary([press(pages[0], apps[0]) for _ in range(args.idle_presses)])
             idle1 = sampler.sample("idle end")
             out["idle"]["server_cpu_s_per_press"] = (idle1["server_cpu_s"] - idle0["server_cpu_s"]) / args.idle_presses
-            # 2. load
-            t_open = time.perf_counter()
-            for k in range(1, args.sessions):
-                pages.append(open_page(k))
-            out["all_pages_shown_s"] = time.perf_counter() - t_open
-            for page, prompt in zip(pages[:2], PROMPTS):
-                area = page.locator(".ts-prompt textarea")
-                area.fill(prompt)
-                area.press("Tab")
-                box = page.get_by_label("Max new tokens", exact=True)
-                box.fill(str(args.tokens))
-                box.press("Enter")
-            wait(lambda: [a.state.prompt for a in apps[:2]] == PROMPTS and all(
-                a.state.max_new_tokens == args.tokens for a in apps[:2]))
-            load0 = sampler.sample("load start")
-            for page in pages[:2]:
-                page.locator(".ts-generate button").click()
-            wait(lambda: any(a.state.busy for a in apps[:2]), timeout=30)
-            t_gen = time.perf_counter()
-            during, after, r = [], [], 0
-            gen_end = None
-            while r < args.rounds or any(a.state.busy for a in apps[:2]):
-                for page, app in zip(pages, apps):
-                    busy = any(a.state.busy for a in apps[:2])
-                    if gen_end is None and not busy:
-                        gen_end = time.perf_counter()
-                    (during if busy else after).append(press(page, app))
-                r += 1
-            if gen_end is None:
-                gen_end = time.perf_counter()
-            load1 = sampler.sample("load end")
-            out["generation_s"] = gen_end - t_gen
-            out["load"] = {"all": summary(during + after), "while_generating": summary(during),
-                           "after_generation": summary(after), "rounds": r}
-            wall = load1["t"] - load0["t"]
-            out["load"]["cpu"] = {"wall_s": wall, "server_cpu_s": load1["server_cpu_s"] - load0["server_cpu_s"],
-                                  "browsers_cpu_s": load1["browsers_cpu_s"] - load0["browsers_cpu_s"],
-                                  "cores": os.cpu_count()}
-            clicks = []
-            for page, app in zip(pages, apps):  # one token click per session
-                strip = page.locator(".ts-token-strip canvas").first
-                strip.scroll_into_view_if_needed()
-                b = strip.bounding_box()
-                before = app.state.step
-                page.mouse.click(b["x"] + 0.35 * b["width"], b["y"] + 50)  # a token of the first line
-                t_click = time.time()
-                while app.state.step == before and time.time() - t_click < 5:
-                    page.wait_for_timeout(50)
-                clicks.append(app.state.step != before)
-            out["token_click_moved_step"] = f"{sum(clicks)}/{len(clicks)}"
-            crossed = []
-            for i, page in enumerate(pages):
-                strips = " ".join(page.evaluate(STRIP)).replace("·", " ").replace("↵", "\n")
-                mine = PROMPTS[i] if i < 2 else None
-                for prompt in PROMPTS:
-                    if prompt != mine and prompt.split("\n")[0] in strips:
-                        crossed.append((i, prompt.split("\n")[0]))
-                if mine is not None and (apps[i].state.trajectory.meta.get("messages") or [{}])[0].get(
-                        "content", apps[i].state.trajectory.meta["prompt"]) != mine:
-                    crossed.append((i, "own prompt missing"))
-            out["crossed_state"] = crossed
+            # 2. load (a function: its locals, which hold the sessions' apps, die when it returns)
+            def load_phase() -> None:
+                t_open = time.perf_counter()
+                for k in range(1, args.sessions):
+                    pages.append(open_page(k))
+                out["all_pages_shown_s"] = time.perf_counter() - t_open
+                for page, prompt in zip(pages[:2], PROMPTS):
+                    area = page.locator(".ts-prompt textarea")
+                    area.fill(prompt)
+                    area.press("Tab")
+                    box = page.get_by_label("Max new tokens", exact=True)
+                    box.fill(str(args.tokens))
+                    box.press("Enter")
+                wait(lambda: [a.state.prompt for a in apps[:2]] == PROMPTS and all(
+                    a.state.max_new_tokens == args.tokens for a in apps[:2]))
+                load0 = sampler.sample("load start")
+                gen_pages, gen_apps = pages[:2], apps[:2]
+                steppers = list(zip(pages[2:], apps[2:])) or list(zip(pages, apps))
+                runs_done = [0, 0]
+                last_run = [a.state.trajectory.run_id for a in gen_apps]
+
+                pending = [False, False]  # a Generate click not yet answered by a finished run
+
+                def keep_generating() -> None:
+                    """Each generating session presses Generate again once its last run is done (``--generations`` each)."""
+                    for i, (page, app) in enumerate(zip(gen_pages, gen_apps)):
+                        if app.state.busy:
+                            continue
+                        if app.state.trajectory.run_id != last_run[i]:  # a run finished
+                            runs_done[i], last_run[i], pending[i] = runs_done[i] + 1, app.state.trajectory.run_id, False
+                        if not pending[i] and runs_done[i] < args.generations:
+                            page.locator(".ts-generate button").click()
+                            pending[i] = True
+
+                t_gen = time.perf_counter()
+                during, after, r = [], [], 0
+                while r < args.rounds or min(runs_done) < args.generations:
+                    for page, app in steppers:
+                        keep_generating()
+                        busy = any(a.state.busy for a in gen_apps)
+                        (during if busy else after).append(press(page, app))
+                    r += 1
+                    if time.perf_counter() - t_gen > args.max_load_s:
+                        break
+                wait(lambda: not any(a.state.busy for a in gen_apps), timeout=600)
+                load1 = sampler.sample("load end")
+                out["generation"] = {"runs_per_session": runs_done, "load_s": time.perf_counter() - t_gen}
+                out["load"] = {"all": summary(during + after), "while_generating": summary(during),
+                               "not_generating": summary(after), "rounds": r, "stepping_sessions": len(steppers)}
+                wall = load1["t"] - load0["t"]
+                out["load"]["cpu"] = {"wall_s": wall, "server_cpu_s": load1["server_cpu_s"] - load0["server_cpu_s"],
+                                      "browsers_cpu_s": load1["browsers_cpu_s"] - load0["browsers_cpu_s"],
+                                      "cores": os.cpu_count()}
+                crossed = []
+                for i, page in enumerate(pages):
+                    strips = " ".join(page.evaluate(STRIP)).replace("·", " ").replace("↵", "\n")
+                    mine = PROMPTS[i] if i < 2 else None
+                    for prompt in PROMPTS:
+                        if prompt != mine and prompt.split("\n")[0] in strips:
+                            crossed.append((i, prompt.split("\n")[0]))
+                    if mine is not None and (apps[i].state.trajectory.meta.get("messages") or [{}])[0].get(
+                            "content", apps[i].state.trajectory.meta["prompt"]) != mine:
+                        crossed.append((i, "own prompt missing"))
+                out["crossed_state"] = crossed
+
+            load_phase()
             # 3. recovery
             peak = max(sampler.rows, key=lambda row: row["rss_mib"])
             for page in pages[1:]:
@@ -276,9 +289,21 @@ def main() -> None:
                 out["sessions_released_s"] = None
             time.sleep(3)
             rec0 = sampler.sample("recovered")
+            # is the memory of the closed sessions freed? drop this script's own references to their apps,
+            # collect, count the apps still alive, and ask glibc to return free pages (malloc_trim)
+            closed = [weakref.ref(a) for a in apps[1:]]
+            del apps[1:], pages[1:]  # this script's own references to the closed sessions
+            gc.collect()
+            alive = sum(r() is not None for r in closed)
+            try:
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
+            except OSError:
+                pass
+            trimmed = sampler.sample("after gc + malloc_trim")
             out["recovered"] = summary([press(pages[0], apps[0]) for _ in range(args.idle_presses)])
             out["memory"] = {"idle_rss_mib": idle0["rss_mib"], "peak_rss_mib": peak["rss_mib"],
-                             "recovered_rss_mib": rec0["rss_mib"], "idle_threads": idle0["threads"],
+                             "recovered_rss_mib": rec0["rss_mib"], "after_trim_rss_mib": trimmed["rss_mib"],
+                             "closed_sessions_apps_alive": f"{alive}/{len(closed)}", "idle_threads": idle0["threads"],
                              "peak_threads": max(row["threads"] for row in sampler.rows),
                              "recovered_threads": rec0["threads"]}
             browser.close()
