@@ -129,6 +129,17 @@ def test_command_writes_tables_with_metadata(tiny_dirs, tmp_path, capsys):
         assert meta["trajscope_table"] == f"serving_sae-stability_{name}" and "trajscope_schema" in meta
     assert "verdict" in capsys.readouterr().out
     assert set(pl.read_parquet(out / "sae-stability_harvests.parquet")["mode"]) == {"reference", "batch", "prefix-cache"}
+    # the headline numbers: one function (serving.summary.headline), in the marker and in the report section
+    from trajscope.reports.studies import sections
+    from trajscope.studies.registry import Result
+    from trajscope.studies.serving import summary
+    from trajscope.studies.serving.sections import ci
+
+    written = json.loads((out / "sae-stability.result.json").read_text())["summaries"]
+    assert written == json.loads(json.dumps(summary.headline(Result.load(out, "sae-stability"))))
+    html = sections()["sae-stability"](out)[1]
+    for e in written.values():
+        assert ci(e["value"], e["lo"], e["hi"], e["n"]) in html
 
 
 def test_reference_must_be_float32_and_study_dtype_errors(tiny_dirs, tmp_path):

@@ -241,3 +241,35 @@ def test_study_command_errors(tiny_dirs, tmp_path):
         _run(["study", "determinism", *common, "--dtypes", "float8_e4m3fn"])
     with pytest.raises(SystemExit):
         _parser().parse_args(["study", "nonsense"])
+
+
+@pytest.mark.parametrize("study,extra", [
+    ("batch", ["--batch-size", "2", "--neighbours", "longer,copies", "--slots", "first"]),
+    ("chunked-prefill", ["--chunks", "1,64"]),
+    ("prefix-cache", ["--header", "default"]),
+    ("determinism", ["--dtypes", "float32,bfloat16", "--repeats", "1"]),
+])
+def test_headline_is_one_value_in_the_marker_and_the_report(tiny_dirs, tmp_path, monkeypatch, study, extra):
+    """The serving studies' headline numbers come from one function (summary.headline): the written marker and
+    the report section show what it returned; unpatched, the marker equals it recomputed from the written tables."""
+    from trajscope.reports.studies import sections
+    from trajscope.studies.registry import Result
+    from trajscope.studies.serving import summary
+
+    pf = tmp_path / "p.jsonl"
+    pf.write_text("\n".join(json.dumps({"prompt": t, "id": f"p{i}"}) for i, t in enumerate(TEXTS)), encoding="utf-8")
+    argv = ["study", study, "--model", str(tiny_dirs["gpt_neox"]), "--prompts", str(pf), "--max-prompts", "3",
+            "--max-tokens", "16", *extra]
+    real = summary.headline
+    sentinel = {"the headline": {"value": 4242.5, "lo": 4141.5, "hi": 4343.5, "n": 3}}
+    monkeypatch.setattr(summary, "headline", lambda result: sentinel)
+    assert _run([*argv, "--out", str(tmp_path / "patched")]) == 0
+    marker = json.loads((tmp_path / "patched" / f"{study}.result.json").read_text())
+    assert marker["summaries"] == sentinel
+    html = sections()[study](tmp_path / "patched")[1]
+    assert "4.24e+03 [4.14e+03, 4.34e+03]" in html
+    monkeypatch.setattr(summary, "headline", real)
+    assert _run([*argv, "--out", str(tmp_path / "real")]) == 0
+    written = json.loads((tmp_path / "real" / f"{study}.result.json").read_text())["summaries"]
+    recomputed = real(Result.load(tmp_path / "real", study))
+    assert written and json.loads(json.dumps(recomputed)) == written

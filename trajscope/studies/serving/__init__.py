@@ -4,7 +4,8 @@ cache and SAE stability under serving modes.
 Each is a :class:`~trajscope.studies.registry.Study`: a frozen config whose fields carry their
 help (the flags of ``trajscope study NAME``), a run that calls
 :func:`trajscope.studies.run.run_study` and returns a Result of its tables, and a report section
-(:mod:`trajscope.studies.serving.sections`) that reads the Result only.
+(:mod:`trajscope.studies.serving.sections`) that reads the Result only. The headline numbers
+have one home, :func:`trajscope.studies.serving.summary.headline`, stored in ``Result.summaries``.
 """
 
 from __future__ import annotations
@@ -116,8 +117,12 @@ def _runner(name: str) -> Callable[..., Result]:
     def run(model: Any, prompts: Any, config: Any, progress: Any = None, layers: Any = None) -> Result:
         from trajscope.studies.run import run_study
 
+        from trajscope.studies.serving.summary import headline
+
         tables = run_study(name, model, prompts, layers=layers, progress=progress, **_options(name, config))
-        return Result(study=name, tables=tables, config=dataclasses.asdict(config))
+        result = Result(study=name, tables=tables, config=dataclasses.asdict(config))
+        result.summaries = headline(result)  # the one home of the headline numbers (the section shows them)
+        return result
 
     run.__doc__ = f"Run the {name} study; its tables in a Result."
     return run

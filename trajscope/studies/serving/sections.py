@@ -109,6 +109,18 @@ def layer_figure(summary: pl.DataFrame, group: Sequence[str], title: str, floor:
     return fig
 
 
+def headline_html(result: Result) -> str:
+    """The study's headline numbers (:func:`trajscope.studies.serving.summary.summaries_of`) as one line."""
+    from trajscope.studies.serving.summary import summaries_of
+
+    parts = []
+    for label, e in summaries_of(result).items():
+        extra = ", ".join(html_text(f"{k} {v}") for k, v in e.items() if k not in ("value", "lo", "hi", "n") and v != "")
+        parts.append(f"{html_text(label)}: {ci(e.get('value'), e.get('lo'), e.get('hi'), e.get('n'))}"
+                     + (f" ({extra})" if extra else ""))
+    return f"<p class='ts-headline'><b>Headline.</b> {'; '.join(parts)}.</p>" if parts else ""
+
+
 def _deepest(summary: pl.DataFrame) -> pl.DataFrame:
     return summary.filter(pl.col("layer") == summary["layer"].max())
 
@@ -133,7 +145,7 @@ def determinism_section(result: Result) -> tuple[str, str, list]:
         "prompt_id", "dtype", "device", "threads").collect()
     noise = summ.filter(pl.col("condition").is_in(["repeat", "deterministic", "threads", "tf32"]))
     choice = summ.filter(pl.col("condition").is_in(["vs_float32", "vs_float64"]))
-    body = (setup_line(long, "Conditions: " + ", ".join(sorted(summ["condition"].unique().to_list())) + ".")
+    body = (headline_html(result) + setup_line(long, "Conditions: " + ", ".join(sorted(summ["condition"].unique().to_list())) + ".")
             + "<p>floor_rel_l2 = max(measured noise over repeat / deterministic / threads, 2 × rounding vs a "
               "float64 copy), per dtype and layer (max over prompts and positions).</p>"
             + table(fl.sort("dtype", "layer"), ["dtype", "layer", "n_prompts", "noise_rel_l2", "rounding_rel_l2",
@@ -155,7 +167,7 @@ def batch_section(result: Result) -> tuple[str, str, list]:
     bands = read(result, "batch_bands")
     spread = bands.group_by("layer").agg(pl.col("rel_spread").max().alias("max_rel_spread"),
                                          pl.col("n_conditions").max().alias("max_conditions")).sort("layer")
-    body = (setup_line(long, f"Batch of {long['batch_size'].max()}: the prompt with shorter / longer / mixed "
+    body = (headline_html(result) + setup_line(long, f"Batch of {long['batch_size'].max()}: the prompt with shorter / longer / mixed "
                              "neighbours or identical copies, left and right padding, first and last row; the "
                              "reference is the prompt alone.")
             + _vs_floor(summ)
@@ -176,7 +188,7 @@ def chunked_prefill_section(result: Result) -> tuple[str, str, list]:
     summ, fl = read(result, "chunked-prefill_summary"), read(result, "chunked-prefill_floor")
     long = result.scan("chunked-prefill").select(
         "prompt_id", "dtype", "device", "threads").collect()
-    body = (setup_line(long, "Chunk sizes " + ", ".join(map(str, sorted(summ["chunk"].unique()))) + " tokens vs one "
+    body = (headline_html(result) + setup_line(long, "Chunk sizes " + ", ".join(map(str, sorted(summ["chunk"].unique()))) + " tokens vs one "
                        "pass (chunk ≥ prompt length is one pass and bitwise identical).")
             + _vs_floor(summ) + "<h3>Per chunk size, deepest layer</h3>"
             + table(_deepest(summ).sort("chunk"), ["chunk", *SUMMARY_COLS], ci_of=["rel_l2_mean"]))
@@ -186,21 +198,20 @@ def chunked_prefill_section(result: Result) -> tuple[str, str, list]:
 
 def prefix_cache_section(result: Result) -> tuple[str, str, list]:
     """Prefix cache: the coverage map (what a cache-heavy harvest never produces) and reuse deltas."""
-    from trajscope.stats import cluster_bootstrap
+    from trajscope.studies.serving.summary import summaries_of
 
     cov, summ = read(result, "prefix-cache_coverage_summary"), read(result, "prefix-cache_summary")
     fl = read(result, "prefix-cache_floor")
-    per = read(result, "prefix-cache_coverage").group_by("prompt_id").agg(
-        (pl.col("status") == "reused").mean().alias("share"))
-    iv = cluster_bootstrap(per["share"].to_numpy())
+    share = summaries_of(result).get("share of a prompt's positions never computed") or {}
     long = result.scan("prefix-cache").select(
         "prompt_id", "dtype", "device", "threads", "reused").collect()
     overall = cov.filter(pl.col("by") == "all").row(0, named=True)
-    body = (setup_line(long, f"Shared prefix served from a warm cache; prompts reused {long['reused'].min()}–"
+    body = (headline_html(result) + setup_line(long, f"Shared prefix served from a warm cache; prompts reused {long['reused'].min()}–"
                              f"{long['reused'].max()} tokens.")
             + f"<p><b>Coverage:</b> {overall['n_reused']:,} of {overall['n_positions']:,} positions "
               f"({num(overall['share_never_produced'])}) are never computed, so a cache-heavy harvest has no rows "
-              f"there; per prompt {ci(iv.estimate, iv.lo, iv.hi, iv.n_clusters)} (n = {iv.n_clusters} prompts).</p>"
+              f"there; per prompt {ci(share.get('value'), share.get('lo'), share.get('hi'), share.get('n'))} "
+              f"(n = {num(share.get('n'))} prompts).</p>"
             + table(cov, ["by", "group", "n_positions", "n_reused", "share_never_produced"])
             + "<h3>Continuation on the cached prefix vs a full recompute</h3>" + _vs_floor(summ)
             + table(summ.sort("layer"), SUMMARY_COLS, ci_of=["rel_l2_mean"]))
@@ -219,7 +230,7 @@ def sae_stability_section(result: Result) -> tuple[str, str, list]:
     harv, pairs = read(result, "sae-stability_harvests"), read(result, "sae-stability_pairs")
     s0 = saes.row(0, named=True)
     seeds = sorted(saes["seed"].unique().to_list())
-    body = (f"<p class='note'><b>Setup.</b> TopK SAEs (d_sae {s0['d_sae']}, k {s0['k']}, {s0['n_tokens']:,} training "
+    body = (headline_html(result) + f"<p class='note'><b>Setup.</b> TopK SAEs (d_sae {s0['d_sae']}, k {s0['k']}, {s0['n_tokens']:,} training "
             f"rows each) on block {s0['layer']}, seeds {', '.join(map(str, seeds))}, one SAE per serving mode and seed; "
             f"held-out split by prompt: {s0['n_train_prompts']} train, {s0['n_eval_prompts']} eval prompts "
             f"({pairs['n_eval_rows'][0]:,} eval rows of the reference harvest, every SAE evaluated on them). "
