@@ -103,3 +103,19 @@ def test_study_report_errors(tmp_path):
         study_report([tmp_path / "missing"], tmp_path / "x.html")
     with pytest.raises(TrajscopeError, match=r"^Give at least one study directory"):
         study_report([], tmp_path / "x.html")
+
+
+def test_trajscope_report_renders_study_folders_through_the_registry(tmp_path, capsys):
+    """``trajscope report DIR…`` on folders of studies' output writes their sections (as study-report does);
+    mixing study folders and runs is one sentence."""
+    from trajscope.cli import main
+
+    out = tmp_path / "r.html"
+    assert main(["report", str(SHIPPED), str(EVICTION), "-o", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert html.count("<h2>") >= len(SERVING) + 1 and "<h2>KV-cache eviction" in html and not _fetched(html)
+    assert "2 study folders" in capsys.readouterr().err
+    runs = ROOT / "sample_data" / "runs"
+    assert main(["report", str(SHIPPED), str(runs), "-o", str(tmp_path / "x.html")]) == 2
+    assert "holds a study's output and the other paths hold runs" in capsys.readouterr().err
+    assert not (tmp_path / "x.html").exists()

@@ -153,7 +153,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from trajscope.io import find_runs
     from trajscope.reports.comparison import compare
+    from trajscope.reports.studies import detect, study_report
 
+    studies = [d for d in args.runs if pathlib.Path(d).is_dir() and detect(d)]
+    if studies and len(studies) == len(args.runs):  # folders of registered studies' output: their sections
+        path = study_report(studies, args.output)
+        print(f"{path}  ({opt.plural(len(studies), 'study folder')}: "
+              f"{', '.join(sorted({s for d in studies for s in detect(d)}))})", file=sys.stderr)
+        return 0
+    if studies:
+        raise TrajscopeError(f"'{studies[0]}' holds a study's output and the other paths hold runs; give run "
+                             "directories for a comparison report, or study folders for the studies' report.")
     comp = compare(find_runs(args.runs), skip_bad=args.skip_bad, profile=args.profile)
     if args.profile and "drift_by_depth" not in comp.tables():
         print("note: --profile adds the drift section only for runs that kept residuals "
@@ -223,8 +233,10 @@ def register(sub) -> None:
     s.add_argument("--max-sessions", type=int, default=None, help="open pages (default 20)")
     s.add_argument("--max-prompt-chars", type=int, default=None, help="characters of a prompt (default 5000)")
     s.set_defaults(func=cmd_serve)
-    r = opt.command(sub, "report", "standalone HTML comparison report of run directories",
-                    "Compare runs (the first is the reference) in one offline HTML file plus its Parquet tables.",
+    r = opt.command(sub, "report", "standalone HTML comparison report of run directories (or of study folders)",
+                    "Compare runs (the first is the reference) in one offline HTML file plus its Parquet tables. "
+                    "Given folders that hold registered studies' output instead (trajscope study ... --out DIR), it "
+                    "writes their sections, as trajscope study-report does.",
                     "trajscope report runs/base/* runs/steered/* -o report.html")
     r.add_argument("runs", nargs="+", help="run directories, or folders searched below for them (the first run "
                    "is the reference)")
