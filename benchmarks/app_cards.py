@@ -22,7 +22,7 @@ Serves the app in-process on ``--model`` (default ``smollm2``) and drives headle
 The page and the server share the machine's cores (the browser's CPU is not separated here).
 
 Run: ``python benchmarks/app_cards.py [--model smollm2] [--out benchmarks/results/app_cards_smollm2.json]
-[--shots /tmp/cards]``.
+[--shots /tmp/cards] [--readme-assets assets]`` (the last writes the README's screenshots).
 """
 
 from __future__ import annotations
@@ -138,6 +138,21 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+README_SHOTS = {"Overview": "screenshot.png", "SAE features": "screenshot-sae.png", "Drift": "screenshot-drift.png"}
+
+
+def crop_to_content(src: pathlib.Path, dst: pathlib.Path) -> None:
+    """Save ``src`` cut below its last row of content in the main column (the page's tail is empty)."""
+    import numpy as np
+    from PIL import Image
+
+    im = Image.open(src).convert("RGB")
+    a = np.asarray(im).astype(int)[:, 400:-50, :]
+    rows = np.where((np.abs(a - a[-5, 5, :]).sum(axis=2) > 30).any(axis=1))[0]
+    bottom = min(im.height, int(rows.max()) + 20) if len(rows) else im.height
+    im.crop((0, 0, im.width, bottom)).save(dst, optimize=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -146,10 +161,13 @@ def main() -> None:
     ap.add_argument("--presses", type=int, default=40)
     ap.add_argument("--out", default=None, help="JSON results (default benchmarks/results/app_cards_MODEL.json)")
     ap.add_argument("--shots", default=None, help="folder for one screenshot per card")
+    ap.add_argument("--readme-assets", default=None, help="also write the README's three screenshots (Overview, SAE "
+                    "features, Drift; cut to their content) into this folder, e.g. assets")
     ap.add_argument("--port", type=int, default=5097)
     args = ap.parse_args()
     out_path = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"app_cards_{args.model}.json")
-    shots = pathlib.Path(args.shots) if args.shots else None
+    shots = pathlib.Path(args.shots) if args.shots else (pathlib.Path(tempfile.mkdtemp(prefix="trajscope-shots-"))
+                                                          if args.readme_assets else None)
     if shots:
         shots.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TRAJSCOPE_RUNS_DIR", tempfile.mkdtemp(prefix="trajscope-cards-runs-"))
@@ -256,8 +274,10 @@ def main() -> None:
                 found = alerts(page)
                 result["cards"][name] = {"open_s": took, "action": action, "alerts": found, "plots_on_page": n_plots}
                 if shots:
-                    page.screenshot(path=str(shots / f"{len(result['cards']):02d}_{name.replace(' ', '_')}.png"),
-                                    full_page=True)
+                    shot = shots / f"{len(result['cards']):02d}_{name.replace(' ', '_')}.png"
+                    page.screenshot(path=str(shot), full_page=True)
+                    if args.readme_assets and name in README_SHOTS:
+                        crop_to_content(shot, pathlib.Path(args.readme_assets) / README_SHOTS[name])
                 print(f"{name}: {took:.2f} s{' (after ' + action + ')' if action else ''}"
                       f"{'; ALERT: ' + ' | '.join(found) if found else ''}")
             browser.close()

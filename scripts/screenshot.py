@@ -1,4 +1,8 @@
-"""Take the README screenshots: serve the app, drive it in headless Chromium like a user, save PNGs.
+"""Screenshots of the app on the sample model: serve it, drive it in headless Chromium like a user, save PNGs.
+
+The README's own screenshots show SmolLM2, the model the app opens on; they are written by
+``python benchmarks/app_cards.py --readme-assets assets``. This script takes the same three views
+on the tiny sample model:
 
 1. ``assets/screenshot.png``: the Overview tab on the demo run in ``sample_data/runs/demo``
    (``scripts/make_demo_run.py``; when it is missing, the same run is captured into a temporary
@@ -10,7 +14,7 @@
 Pages are 1600 pixels wide. Needs Chromium at ``/usr/bin/chromium`` (Debian package
 ``chromium``) and Playwright for Python.
 
-Usage: ``python scripts/screenshot.py [--out-dir assets] [--step 20]``
+Usage: ``python scripts/screenshot.py [--out-dir DIR] [--step 20]``
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def generate(page, app, prompt: str, n: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out-dir", default=str(ROOT / "assets"))
+    ap.add_argument("--out-dir", default=str(ROOT / "build" / "screenshots-sample"))
     ap.add_argument("--step", type=int, default=20, help="step to show")
     ap.add_argument("--port", type=int, default=5077)
     args = ap.parse_args()

@@ -87,5 +87,6 @@ def lines(summaries: dict[str, Any]) -> list[tuple[str, str]]:
         if not isinstance(s, dict):
             continue
         text = format_interval(s.get("value"), s.get("lo"), s.get("hi"), 4, n_clusters=s.get("n_clusters"))
-        out.append((label, f"{text} (n = {s.get('n_prompts')} prompts)"))
+        n = s.get("n_prompts")
+        out.append((label, f"{text} (n = {n} prompt{'' if n == 1 else 's'})"))
     return out
