@@ -95,6 +95,7 @@ def test_every_card_shows_smollm2s_data_or_says_what_is_missing(page, monkeypatc
             wait_until(lambda: not s.message.startswith("Scoring"), page, timeout=TIMEOUT)
             assert s.drift is not None, s.message  # the profile shipped for SmolLM2
             assert artefacts.profile_misfit(s.profile().info, facts) is None
-        if card == "Steering":
-            assert app.study_cards["steering"].settings.layer == 15
+        if card == "Steering":  # the French CAA setting shipped for SmolLM2 (ui.artefacts.find_steering)
+            st = app.study_cards["steering"].settings
+            assert st.layer == 6 and st.pairs_path.endswith("smollm2/prompts/steer_french_pairs.jsonl")
         _shot(page, card)
