@@ -34,6 +34,7 @@ import pathlib
 import platform
 import re
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -41,32 +42,16 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-READOUT = """() => { let out = ''; const walk = r => r.querySelectorAll('*').forEach(e => {
-    if (e.classList && e.classList.contains('ts-step-readout')) out = (e.shadowRoot || e).textContent;
-    if (e.shadowRoot) walk(e.shadowRoot); }); walk(document); return out; }"""
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from app_generate import ARGS, CLICK_TO_DONE  # noqa: E402  (the click → "Done" timer, one copy)
+from app_load import READOUT  # noqa: E402  (the step readout as the page shows it)
+
 MEASURE = """async (before) => {
   const read = %s;
   const t0 = window.__key;
   while (read() === before) { await new Promise(r => requestAnimationFrame(r)); if (performance.now() - t0 > 10000) return -1; }
   return performance.now() - t0;
 }""" % READOUT
-CLICK_TO_DONE = """([button, status]) => {
-  window.__t_click = null; window.__t_done = null;
-  button.addEventListener('click', () => { window.__t_click = performance.now(); }, {once: true});
-  const root = status.shadowRoot || status;
-  let left = false;
-  const tick = () => {
-    const text = root.textContent;
-    if (window.__t_click !== null) {
-      if (!text.includes('Done')) left = true;
-      else if (left) { requestAnimationFrame(() => { window.__t_done = performance.now(); }); return; }
-    }
-    requestAnimationFrame(tick);
-  };
-  requestAnimationFrame(tick);
-}"""
 # plots BokehJS has laid out with a size (the visible tab's, the step bar's and the token strip's)
 RENDERED = """() => {
   if (typeof Bokeh === 'undefined' || !Bokeh.index) return -1;

@@ -51,8 +51,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+from app_generate import ARGS  # noqa: E402  (the Chromium flags, one copy)
+
 READOUT = """() => { let out = ''; const walk = r => r.querySelectorAll('*').forEach(e => {
     if (e.classList && e.classList.contains('ts-step-readout')) out = (e.shadowRoot || e).textContent;
     if (e.shadowRoot) walk(e.shadowRoot); }); walk(document); return out; }"""
