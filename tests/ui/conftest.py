@@ -66,7 +66,8 @@ def _operator(tmp_path_factory, monkeypatch, _runs_dir):
 
     dirs = [str(tmp_path_factory.getbasetemp()), str(sample_data_dir()), str(_runs_dir)]
     monkeypatch.setenv("TRAJSCOPE_DATA_DIRS", os.pathsep.join(dirs))
-    operator.configure(None)
+    # set explicitly: a lazy read by an earlier test's worker thread, racing this setup, cannot replace it
+    operator.configure(operator.ServeConfig.from_args(env=dict(os.environ)))
     operator.SESSIONS = operator.SessionCount()  # killed test servers never report their sessions' end
     yield
     operator.configure(None)

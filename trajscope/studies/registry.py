@@ -10,7 +10,10 @@ A study answers one question about a model. It is one :class:`Study`:
   :class:`Result` is the only home of the study's numbers;
 - ``section(result) -> (title, html, figures)``: its part of a report, reading the Result only;
 - ``card(state) -> viewable`` (optional): an app tab, titled ``title`` (default: the name) and placed
-  by ``order`` (lower first) among the registered cards, after the core cards and before Export.
+  by ``order`` (lower first) among the registered cards, after the core cards and before Export;
+- ``uses`` (optional): which config field takes each artefact a user can hand the calibration report
+  (``{"sae": "saes", "vector": "vector", "profile": "profile"}``), and ``quick``: config overrides for
+  ``trajscope calibrate --quick`` (a pass of about a minute on SmolLM2 on a 2-core CPU).
 
 :func:`register` adds a study; :func:`studies` lists them after importing every study package
 under ``trajscope/studies/`` (a package registers itself when imported), so adding a study edits
@@ -126,6 +129,8 @@ class Study:
     family: str = ""  # prefix of the tables' schema names ("serving": serving_<table>)
     title: str = ""  # the app tab's title (default: the name, capitalised)
     order: int = 100  # the app tab's place among registered cards (lower first; ties by name)
+    uses: Mapping[str, str] = dataclasses.field(default_factory=dict)  # artefact kind -> config field
+    quick: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # config overrides for calibrate --quick
 
     @property
     def tab_title(self) -> str:

@@ -181,14 +181,24 @@ class SessionCount:
 
 SESSIONS = SessionCount()
 _CONFIG: ServeConfig | None = None
+_CONFIG_LOCK = threading.Lock()
 
 
 def config() -> ServeConfig:
-    """The process's :class:`ServeConfig` (from the environment, until :func:`configure` sets another)."""
+    """The process's :class:`ServeConfig` (from the environment, until :func:`configure` sets another).
+
+    A config set by :func:`configure` while this call was still reading the environment wins: the lazy
+    read never overwrites an explicit one.
+    """
     global _CONFIG
-    if _CONFIG is None:
-        _CONFIG = ServeConfig.from_args()
-    return _CONFIG
+    found = _CONFIG
+    if found is None:
+        read = ServeConfig.from_args()
+        with _CONFIG_LOCK:
+            if _CONFIG is None:
+                _CONFIG = read
+            found = _CONFIG
+    return found
 
 
 def configure(cfg: ServeConfig | None) -> None:
