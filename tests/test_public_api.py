@@ -9,7 +9,7 @@ from __future__ import annotations
 import trajscope as ts
 
 PUBLIC = ["load_model", "capture", "CaptureConfig", "Trajectory", "SteeringVector", "SAE", "ReferenceProfile",
-          "DriftProbe", "compare", "export", "TrajScope", "TrajscopeError", "studies"]
+          "DriftProbe", "compare", "export", "calibrate", "TrajScope", "TrajscopeError", "studies"]
 # reached through their modules now (they were top-level names before the API was cut down)
 MODULE_ONLY = {"ModelHandle": "trajscope.model", "capture_batch": "trajscope.capture.batch",
                "StepEvent": "trajscope.capture", "build_profile": "trajscope.studies.drift.build",

@@ -19,6 +19,8 @@ reached through its module and may change.
   runs as one Hive-partitioned, schema-versioned Parquet dataset.
 - :class:`TrajScope` is the interactive app (Panel): ``panel serve apps/trajscope.py`` or
   ``ts.TrajScope(model="sample")`` in a notebook.
+- :func:`calibrate` writes the decode-regime calibration report for a model and its SAEs, steering
+  vectors and drift profile (``trajscope calibrate``): a verdict per artefact and regime, from the studies.
 - :class:`TrajscopeError` is raised for bad input, with a one-sentence explanation.
 - :mod:`trajscope.studies` runs the registered studies (SAE drift, the serving studies…):
   ``ts.studies.studies()`` lists them, ``ts.studies.get(name)`` returns one, whose
@@ -32,6 +34,7 @@ streaming callback receives), ``trajscope.studies.drift.build.build_profile``,
 """
 
 from trajscope import studies
+from trajscope.calibration import calibrate
 from trajscope.capture import CaptureConfig, capture
 from trajscope.errors import TrajscopeError
 from trajscope.export import export
@@ -44,7 +47,7 @@ from trajscope.trajectory import Trajectory
 
 __version__ = "0.1.0"
 __all__ = ["load_model", "capture", "CaptureConfig", "Trajectory", "SteeringVector", "SAE", "ReferenceProfile",
-           "DriftProbe", "compare", "export", "TrajScope", "TrajscopeError", "studies"]
+           "DriftProbe", "compare", "export", "calibrate", "TrajScope", "TrajscopeError", "studies"]
 
 
 def __getattr__(name: str):

@@ -9,6 +9,7 @@
 - :mod:`trajscope.studies.flags`: ``study NAME``, one subcommand per registered study (flags from its config);
 - :mod:`trajscope.studies.eviction.cli`: ``eviction``, an alias of ``study eviction`` that also takes ``--runs``;
 - :mod:`trajscope.reports.studies`: ``study-report`` (one offline HTML page of the studies in directories);
+- :mod:`trajscope.cli.calibrate`: ``calibrate`` (the decode-regime calibration report, :mod:`trajscope.calibration`);
 - :mod:`trajscope.cli.options`: the options they share, defined once, and the one place where
   parsed options become a :class:`~trajscope.capture.CaptureConfig`.
 
@@ -26,12 +27,12 @@ import os
 import sys
 
 from trajscope.reports import studies as report_studies
-from trajscope.cli import capture, drift, prepare, sae, steer
+from trajscope.cli import calibrate, capture, drift, prepare, sae, steer
 from trajscope.studies import flags as registered_studies
 from trajscope.studies.eviction import cli as eviction_alias
 from trajscope.errors import TrajscopeError, first_sentence
 
-GROUPS = (capture, steer, drift, sae, prepare, eviction_alias, registered_studies, report_studies)
+GROUPS = (capture, steer, drift, sae, prepare, eviction_alias, registered_studies, report_studies, calibrate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -150,10 +150,6 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise TrajscopeError(f"--threads must be at least 1, not {args.threads}.")
     items = [] if own else P.read_prompt_file(args.prompts, args.max_prompts)
-    header = getattr(config, "header", None)
-    header = P.DEFAULT_HEADER if header == "default" else (None if header in (None, "", "none") else header)
-    if header:
-        items = P.with_header(items, header)
     if args.dtype:
         import torch
 
@@ -164,8 +160,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         raise TrajscopeError(f"Layer {bad[0]} is out of range; the model has layers 0..{model.n_layers - 1}.")
     prompts = None
     if not own:
-        max_tokens = args.max_tokens + (len(model.encode(header)) if header and args.max_tokens else 0)
-        prompts = P.encode_prompts(model, items, max_tokens or None)  # the cut applies after the header
+        prompts = P.encode_prompts(model, *P.study_items(model, items, config, args.max_tokens))
     from tqdm.auto import tqdm
 
     with tqdm(desc=study.name, unit="item", file=sys.stderr, disable=None) as bar:

@@ -83,6 +83,17 @@ def with_header(prompts: Sequence[dict], header: str = DEFAULT_HEADER) -> list[d
     return [{**p, "prompt": header + p["prompt"]} for p in prompts]
 
 
+def study_items(model: Any, items: Sequence[dict], config: Any, max_tokens: int | None) -> tuple[list[dict], int | None]:
+    """The prompt records a study runs on and their token cut: the config's ``header`` (``default``:
+    :data:`DEFAULT_HEADER`; ``none`` or empty: no header) prepended, and the cut ``max_tokens`` (0 or None: no
+    cut) lengthened by the header's tokens, so the cut applies to the prompt after it."""
+    header = getattr(config, "header", None)
+    header = DEFAULT_HEADER if header == "default" else (None if header in (None, "", "none") else header)
+    out = with_header(list(items), header) if header else list(items)
+    cut = (max_tokens + (len(model.encode(header)) if header else 0)) if max_tokens else None
+    return out, cut
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = 0

@@ -12,7 +12,8 @@ A study answers one question about a model. It is one :class:`Study`:
 - ``card(state) -> viewable`` (optional): an app tab, titled ``title`` (default: the name) and placed
   by ``order`` (lower first) among the registered cards, after the core cards and before Export;
 - ``uses`` (optional): which config field takes each artefact a user can hand the calibration report
-  (``{"sae": "saes", "vector": "vector", "profile": "profile"}``), and ``quick``: config overrides for
+  (``{"sae": "saes", "vector": "vector", "profile": "profile"}``; ``"prompts"`` marks a study that reads
+  its own input by default but runs on the report's ``(id, token ids)`` prompts), and ``quick``: config overrides for
   ``trajscope calibrate --quick`` (a pass of about a minute on SmolLM2 on a 2-core CPU).
 
 :func:`register` adds a study; :func:`studies` lists them after importing every study package

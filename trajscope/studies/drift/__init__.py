@@ -35,7 +35,7 @@ def _card(state: Any) -> Any:
 STUDY = register(Study(
     name="drift", question="decode vs prefill residual drift against a held-out prefill profile",
     config=DriftConfig, run=run, section=drift_section, card=_card, title="Drift", order=10,
-    marker="drift_by_position.parquet",
+    marker="drift_by_position.parquet", uses={"profile": "profile", "prompts": "prompts"},
     example="trajscope study drift --prompts sample_data/prompts/heldout_code.jsonl --out reports/drift"))
 
 __all__ = ["STUDY", "DriftConfig", "build_profile", "evaluate", "named_split", "prompt_ids", "run", "score_run"]

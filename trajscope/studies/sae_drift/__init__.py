@@ -189,6 +189,6 @@ def report_text(result: Result, metrics: Sequence[str] = ("fvu", "cos", "kl", "c
 
 STUDY = register(Study(
     name=NAME, question="SAE reconstruction and feature overlap, prefill vs decode, for SAEs of one or more training "
-                        "mixes", config=SaeDriftConfig, run=run, section=section,
+                        "mixes", config=SaeDriftConfig, run=run, section=section, uses={"sae": "saes"},
     example=f"trajscope study {NAME} --prompts sample_data/prompts/heldout_code.jsonl --out studies/sae-drift "
             "--saes prefill-only=sample_data/saes/layer3-prefill-only,hybrid=sample_data/saes/layer3-hybrid"))

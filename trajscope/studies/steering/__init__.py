@@ -30,6 +30,7 @@ def _card(state: Any) -> Any:
 STUDY = register(Study(
     name="steering", question="steering effect by the decode step where steering starts, over equal windows",
     config=SteeringConfig, run=run, section=steering_section, card=_card, title="Steering", order=20,
+    uses={"vector": "vector"},
     example="trajscope study steering --pairs sample_data/prompts/quotes_pairs.jsonl --layer 3 "
             "--prompts sample_data/prompts/heldout_code.jsonl --depths 1,10,50 --out reports/steering"))
 

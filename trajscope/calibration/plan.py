@@ -1,0 +1,127 @@
+"""Which registered studies the calibration report runs, in which section, with which settings.
+
+The report has one section per question (:data:`SECTIONS`); each names the registered studies that answer
+it, in order. A study runs when the artefacts it requires are there (:data:`REQUIRES`: the SAE-transfer
+study needs an SAE, the steering and monitor studies a steering vector); otherwise its section says what
+was missing. A study that takes an artefact (``Study.uses``: kind → config field) gets the given or shipped
+one: a field typed as a tuple takes them all, a single-valued field runs the study once per artefact
+(one :class:`Job` each, in its own folder).
+
+Settings are the study's defaults, its ``quick`` overrides under ``--quick``, then the artefacts. Two
+keys of ``quick`` are the runner's, not the config's: ``max_prompts`` (prompts taken round-robin over
+source files, so a split by file still has files on each side) and ``max_tokens`` (each prompt's cut).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import typing
+from typing import Any
+
+from trajscope.calibration.inputs import Inputs
+from trajscope.studies.registry import Study, studies
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """One part of the report: its anchor, title, question and the studies that answer it."""
+
+    key: str
+    title: str
+    question: str
+    studies: tuple[str, ...]
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("drift", "Drift", "Does the residual stream during decode still look like prefill, against a "
+            "prefill profile fitted on other prompts (held-out false-positive rate)?", ("drift",)),
+    Section("sae", "SAE transfer", "Does an SAE fitted on prefill reconstruct decode as well (FVU, CE recovered, "
+            "feature overlap against its matched-n null), and does a prefill/decode mix do better?", ("sae-drift",)),
+    Section("steering", "Steering reliability", "Does a steering vector's effect depend on the decode step where "
+            "it starts (onset and accumulation over equal windows)?", ("steering",)),
+    Section("monitor", "Monitor transfer", "Do monitors calibrated on clean decode detect a shift planted into "
+            "decode (AUROC, time-to-detect at a fixed false-positive rate)?", ("monitor",)),
+    Section("eviction", "KV-eviction consistency", "Do the prompt keys a KV-eviction policy keeps after prefill "
+            "stay the ones decode attends to, and does the model still retrieve a passkey?", ("eviction", "needle")),
+)
+
+REQUIRES: dict[str, tuple[str, ...]] = {"sae-drift": ("sae",), "steering": ("vector",), "monitor": ("vector",)}
+RUNNER_KEYS = ("max_prompts", "max_tokens")
+DEFAULT_MAX_TOKENS = 96
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One study run of the report: the study, its folder (relative to the output), its config overrides and
+    the runner's prompt settings; ``missing`` names what it required and did not get (then it is not run)."""
+
+    section: str
+    study: str
+    folder: str
+    overrides: tuple[tuple[str, Any], ...] = ()
+    max_prompts: int | None = None
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
+    label: str = ""
+    missing: str = ""
+
+    @property
+    def key(self) -> str:
+        """The job's name in the report and in ``summary.json`` (the folder's last part)."""
+        return pathlib.PurePath(self.folder).name
+
+    def config(self) -> Any:
+        """The study's frozen config with the overrides (it validates itself)."""
+        return study_of(self).config(**dict(self.overrides))
+
+
+def study_of(job: Job) -> Study:
+    """The registered study a job runs."""
+    return studies()[job.study]
+
+
+def _is_tuple(study: Study, field: str) -> bool:
+    hint = typing.get_type_hints(study.config)[field]
+    args = typing.get_args(hint)
+    return typing.get_origin(hint) is tuple or any(typing.get_origin(a) is tuple for a in args)
+
+
+def _artefacts(inputs: Inputs, kind: str) -> list[pathlib.Path]:
+    return {"sae": list(inputs.saes), "vector": list(inputs.vectors),
+            "profile": [inputs.profile] if inputs.profile else []}.get(kind, [])
+
+
+def jobs(inputs: Inputs, quick: bool = False) -> list[Job]:
+    """Every study run the report needs, in section order (module docstring)."""
+    found = studies()
+    out: list[Job] = []
+    for sec in SECTIONS:
+        for name in sec.studies:
+            study = found.get(name)
+            if study is None:
+                continue
+            need = [k for k in REQUIRES.get(name, ()) if not inputs.has(k)]
+            shared = dict(study.shared_defaults)
+            runner = {"max_prompts": shared.get("max_prompts"), "max_tokens": shared.get("max_tokens", DEFAULT_MAX_TOKENS)}
+            over: dict[str, Any] = {}
+            if quick:
+                for k, v in study.quick.items():
+                    (runner if k in RUNNER_KEYS else over)[k] = v
+            base = dict(section=sec.key, study=name, max_prompts=runner["max_prompts"], max_tokens=runner["max_tokens"])
+            if need:
+                out.append(Job(folder=f"studies/{name}", missing=" and ".join(need), **base))
+                continue
+            fanout: list[tuple[str, dict[str, Any]]] = [("", {})]
+            for kind, field in study.uses.items():
+                items = _artefacts(inputs, kind)
+                if not items:
+                    continue
+                if _is_tuple(study, field):
+                    fanout = [(lab, {**o, field: tuple(str(p) for p in items)}) for lab, o in fanout]
+                else:
+                    fanout = [(lab + ("-" if lab else "") + (p.stem if len(items) > 1 else ""), {**o, field: str(p)})
+                              for lab, o in fanout for p in items]
+            for label, extra in fanout:
+                folder = f"studies/{name}" + (f"-{label}" if label else "")
+                out.append(Job(folder=folder, overrides=tuple(sorted({**over, **extra}.items())), label=label, **base))
+    return out

@@ -1,0 +1,172 @@
+"""The verdict table: for each artefact, per decode regime, does it transfer from prefill?
+
+Every verdict reads numbers a study already wrote (its Result's summaries or summary table), never
+recomputes one, and applies a rule stated here and printed under the table. A verdict is one of
+
+- **transfers**: the decode number is no worse than the prefill (reference) number beyond the reference's
+  own interval and seed range;
+- **degrades**: worse beyond that noise, but still doing its job;
+- **fails**: not doing its job in decode;
+- **undecided**: the interval is too wide to tell (n too small).
+
+The rules, per artefact (``lo``/``hi``: the 95 % interval a study reports):
+
+- **SAE** (``sae-drift``, per SAE mix; regime *decode*): the prefill band is the prefill FVU interval widened
+  to its seed range. Transfers when decode's FVU interval ends at or below the band's top; fails when its
+  lower end is at or above 0.5 (less than half of decode's variance explained); degrades when it starts
+  above the band's top (and below 0.5); otherwise undecided.
+- **Steering vector** (``steering``, per strength; regime *from step k*): the reference is the earliest start
+  step's effect over the equal window. Transfers when step k's interval starts at or above the reference's
+  lower end; fails when it reaches 0 (lower end ≤ 0: no effect detected); degrades when it lies wholly
+  below the reference's lower end; otherwise undecided.
+- **Monitor** (``monitor``, per monitor; regime *shift s from step k*, s > 0): fails when the detection AUROC's
+  interval reaches 0.5 (not detected) or its threshold, fitted on clean runs of other files, fires on
+  held-out clean runs above its target rate (the held-out FPR interval starts above the target); transfers
+  when the AUROC interval starts at or above 0.7 and the FPR holds; degrades when the whole AUROC interval
+  lies below 0.7; otherwise undecided.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+from typing import Any, Sequence
+
+from trajscope.studies.registry import Result
+
+AUROC_USEFUL = 0.7
+FVU_FAILS = 0.5
+RULES = {
+    "sae": "decode FVU interval vs the prefill FVU interval widened to its seed range: at or below its top → "
+           f"transfers; lower end ≥ {FVU_FAILS} → fails; wholly above its top → degrades; else undecided",
+    "vector": "effect over the equal window from step k vs from the earliest start step: lower end at or above the "
+              "reference's lower end → transfers; lower end ≤ 0 → fails; wholly below the reference's lower end → "
+              "degrades; else undecided",
+    "monitor": f"detection AUROC interval and held-out false-positive rate: AUROC lower end ≤ 0.5 or held-out FPR "
+               f"above target → fails; AUROC lower end ≥ {AUROC_USEFUL} → transfers; AUROC upper end < "
+               f"{AUROC_USEFUL} → degrades; else undecided",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """One cell of the table: an artefact in one regime, the verdict, and the numbers it rests on."""
+
+    kind: str  # sae, vector, monitor
+    artefact: str
+    regime: str
+    verdict: str
+    evidence: str
+    section: str  # the report section's anchor
+    job: str  # the study folder's name
+
+
+def _f(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def fmt(x: Any) -> str:
+    """A number as the report prints it (3 significant digits; 'n/a' for none)."""
+    v = _f(x)
+    return "n/a" if v is None else f"{v:.3g}"
+
+
+def interval(value: Any, lo: Any, hi: Any) -> str:
+    """``value [lo, hi]`` as the report prints it."""
+    return f"{fmt(value)} [{fmt(lo)}, {fmt(hi)}]"
+
+
+def sae_verdicts(result: Result, job: str) -> list[Verdict]:
+    """One verdict per SAE mix of a ``sae-drift`` Result (regime decode; rule in the module docstring)."""
+    out = []
+    s = result.summaries
+    for key, pre in s.items():
+        if not key.startswith("fvu prefill ") or not isinstance(pre, dict):
+            continue
+        mix = key.removeprefix("fvu prefill ")
+        dec = s.get(f"fvu decode {mix}")
+        if not isinstance(dec, dict):
+            continue
+        tops = [v for v in (_f(pre.get("hi")), _f(pre.get("seed_max"))) if v is not None]
+        lo, hi = _f(dec.get("lo")), _f(dec.get("hi"))
+        if not tops or lo is None or hi is None:
+            verdict = "undecided"
+        else:
+            top = max(tops)
+            verdict = ("transfers" if hi <= top else "fails" if lo >= FVU_FAILS else "degrades" if lo > top
+                       else "undecided")
+        band = f"[{fmt(pre.get('lo'))}, {fmt(max(tops) if tops else None)}]"
+        ev = (f"FVU decode {interval(dec.get('value'), lo, hi)} (n = {dec.get('n')} rows, {dec.get('n_prompts')} "
+              f"prompts) vs prefill band {band}")
+        out.append(Verdict("sae", mix, "decode", verdict, ev, "sae", job))
+    return out
+
+
+def vector_verdicts(result: Result, job: str, artefact: str) -> list[Verdict]:
+    """One verdict per (strength, start step after the earliest) of a ``steering`` Result."""
+    rows = [r for r in (result.summaries.get("effect") or []) if isinstance(r, dict)]
+    out = []
+    for strength in sorted({r.get("strength") for r in rows}, key=lambda x: (x is None, x)):
+        mine = sorted((r for r in rows if r.get("strength") == strength), key=lambda r: r.get("start_step") or 0)
+        if not mine:
+            continue
+        ref = mine[0]
+        ref_lo = _f(ref.get("lo"))
+        for r in mine[1:]:
+            lo, hi = _f(r.get("lo")), _f(r.get("hi"))
+            if lo is None or hi is None or ref_lo is None:
+                verdict = "undecided"
+            else:
+                verdict = ("fails" if lo <= 0 else "transfers" if lo >= ref_lo else "degrades" if hi < ref_lo
+                           else "undecided")
+            ev = (f"effect {interval(r.get('value'), lo, hi)} from step {r.get('start_step')} vs "
+                  f"{interval(ref.get('value'), ref.get('lo'), ref.get('hi'))} from step {ref.get('start_step')} "
+                  f"(strength {fmt(strength)}, {r.get('n_prompts')} prompts)")
+            out.append(Verdict("vector", artefact, f"from step {r.get('start_step')} (strength {fmt(strength)})",
+                               verdict, ev, "steering", job))
+    return out
+
+
+def monitor_verdicts(result: Result, job: str) -> list[Verdict]:
+    """One verdict per (monitor, shift with strength > 0) of a ``monitor`` Result."""
+    try:
+        table = result.table("monitor_summary")
+    except Exception:  # no summary table: nothing to judge (the section says why)
+        return []
+    out = []
+    for r in table.iter_rows(named=True):
+        if r.get("measure") != "AUROC" or not (_f(r.get("strength")) or 0) > 0:
+            continue
+        lo, hi = _f(r.get("lo")), _f(r.get("hi"))
+        fpr_lo, target = _f(r.get("fpr_heldout_lo")), _f(r.get("fpr_target"))
+        fpr_bad = fpr_lo is not None and target is not None and fpr_lo > target
+        if lo is None or hi is None:
+            verdict = "undecided"
+        else:
+            verdict = ("fails" if lo <= 0.5 or fpr_bad else "transfers" if lo >= AUROC_USEFUL
+                       else "degrades" if hi < AUROC_USEFUL else "undecided")
+        ev = (f"AUROC {interval(r.get('value'), lo, hi)} ({r.get('n_prompts')} prompts); held-out FPR "
+              f"{interval(r.get('fpr_heldout'), r.get('fpr_heldout_lo'), r.get('fpr_heldout_hi'))} "
+              f"vs target {fmt(target)}")
+        out.append(Verdict("monitor", str(r.get("monitor")), str(r.get("shift")), verdict, ev, "monitor", job))
+    return out
+
+
+def verdicts(results: Sequence[tuple[str, str, str, Result]]) -> list[Verdict]:
+    """Every verdict of the report from ``(study, job, label, Result)`` of the finished jobs."""
+    out: list[Verdict] = []
+    for study, job, label, result in results:
+        if study == "sae-drift":
+            out += sae_verdicts(result, job)
+        elif study == "steering":
+            out += vector_verdicts(result, job, label or pathlib.PurePath(str(result.config.get("vector") or "vector")).stem)
+        elif study == "monitor":
+            out += monitor_verdicts(result, job)
+    return out
