@@ -2,7 +2,8 @@
 label and the prompt, and files in the runs folder with markup in their names or a bad meta.json.
 
 No dialog opens, no injected node appears (searched through every shadow root: Panel and Bokeh draw in
-shadow DOM), the payload shows literally, and the comparison report built from the run holds it as text.
+shadow DOM), the payload shows literally, and the comparison, calibration and study reports built from the run
+hold it as text.
 """
 
 from __future__ import annotations
@@ -182,3 +183,25 @@ def test_payloads_stay_text_everywhere(bad_runs, sae_copy, app_page, tmp_path):
     check(page, dialogs, "comparison report")
     saved = saved_runs.list_runs()
     assert saved  # the generated run was saved and listed beside the bad ones
+
+    # the calibration report on a prompt file made of that run's prompt (payload ids, source file, text and an
+    # SAE directory named with markup), and the study report of its study folders, opened in the same browser
+    from test_calibrate import TINY
+    from trajscope.calibration import calibrate
+    from trajscope.reports.studies import study_report
+
+    name = PAYLOAD.replace("/", "_")
+    prompts = tmp_path / "payload.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"{PAYLOAD} {i}", "source": f"{name}{i % 2}.txt",
+                                           "prompt": run.meta["prompt"]}) + "\n" for i in range(4)))
+    sae = shutil.copytree(sae_copy, tmp_path / name)
+    out = tmp_path / "calib"
+    calibrate("sample", out, prompts=[str(prompts)], saes=[str(sae)],
+              settings=TINY, only=("drift", "sae-drift", "steering"))
+    for html_file in (out / "report.html", study_report(sorted(p for p in (out / "studies").iterdir()), tmp_path / "s.html")):
+        html = html_file.read_text()
+        assert "<img src=x" not in html and "<script>alert(1)" not in html and "<svg onload" not in html
+        assert "&lt;img src=x onerror=alert(1)&gt;" in html, html_file
+        page.goto(html_file.as_uri())
+        page.wait_for_timeout(2000)
+        check(page, dialogs, html_file.name, shows=name)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from trajscope.calibration.inputs import Inputs, resolve, write_records
 from trajscope.calibration.plan import Job, jobs
@@ -68,7 +68,7 @@ def calibrate(model: str | Any = "smollm2", out: str | pathlib.Path = "calibrati
               saes: Sequence[str] = (), vectors: Sequence[str] = (), profile: str | None = None,
               budget_minutes: float | None = None, quick: bool = False,
               settings: Mapping[str, Mapping[str, Any]] | None = None, threads: int | None = None,
-              only: Sequence[str] = ()) -> Calibration:
+              only: Sequence[str] = (), on_state: Callable[[JobState], None] | None = None) -> Calibration:
     """Run the calibration report for ``model`` into ``out`` (module docstring).
 
     Args:
@@ -82,6 +82,7 @@ def calibrate(model: str | Any = "smollm2", out: str | pathlib.Path = "calibrati
             ``max_tokens``).
         threads: CPU threads for the studies (default: torch's).
         only: run only these studies (default: every study that applies).
+        on_state: called with each study's :class:`~trajscope.calibration.runner.JobState` as it ends.
     Returns:
         A :class:`Calibration`.
     """
@@ -109,6 +110,8 @@ def calibrate(model: str | Any = "smollm2", out: str | pathlib.Path = "calibrati
     def say(state: JobState) -> None:
         print(f"{state.job.key}: {state.state}" + (f" ({state.why})" if state.why else "")
               + (f" in {state.seconds:.0f} s" if state.state == "done" else ""), file=sys.stderr)
+        if on_state is not None:
+            on_state(state)
 
     states = run_jobs(handle, inputs, planned, folder, None if budget_minutes is None else budget_minutes * 60,
                       threads=threads, on_state=say)

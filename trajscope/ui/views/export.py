@@ -1,4 +1,5 @@
-"""Export view: download a table (Parquet or CSV), the whole run directory (zip), or a comparison report."""
+"""Export view: download a table (Parquet or CSV), the whole run directory (zip), a comparison report, or the
+model's decode-regime calibration report (:mod:`trajscope.ui.views.calibration`)."""
 
 from __future__ import annotations
 
@@ -69,4 +70,7 @@ class ExportView(StateView):
         self.param.watch(rename, ["table", "fmt"])
         self.state.param.watch(rename, ["revision"])
         rename()
-        return pn.Column(pn.Row(table, fmt), down, zipd, other, report)
+        from trajscope.ui.views.calibration import CalibrationPanel
+
+        self.calibration = CalibrationPanel(state=self.state)
+        return pn.Row(pn.Column(pn.Row(table, fmt), down, zipd, other, report), pn.Spacer(width=24), self.calibration)
