@@ -40,6 +40,12 @@ def test_config_refuses_bad_values_in_one_sentence():
     assert sae_drift.parse_saes(("a=x", "b=y", "a=z", "dir/w")) == {"a": ["x", "z"], "b": ["y"], "w": ["dir/w"]}
 
 
+def test_a_directory_whose_path_holds_an_equals_sign_is_a_bare_dir(tmp_path):
+    d = tmp_path / "k=32"
+    d.mkdir()
+    assert sae_drift.parse_saes((str(d),)) == {"k=32": [str(d)]}
+
+
 def test_the_headline_number_comes_from_one_function(tmp_path, monkeypatch, capsys):
     """``summarize`` patched to a sentinel: the marker, the summary table, the printed summary and the report
     section all show the sentinel, so none of them computes the number itself."""

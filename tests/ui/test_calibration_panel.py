@@ -37,7 +37,7 @@ def test_the_report_is_written_for_the_run_s_model_and_offered(panel, monkeypatc
     monkeypatch.setattr("trajscope.calibration.calibrate", fake)
     panel._cancel = __import__("threading").Event()
     assert calibration._ONE_AT_A_TIME.acquire(blocking=False)  # what start() takes before the thread
-    panel._run(lambda fn: fn(), "")
+    panel._done(panel._work(lambda fn: fn(), ""))  # what the slot's thread runs, then the event loop
     assert seen["quick"] and seen["prompts"] == () and seen["out"].parent == _runs_dir / "calibration"
     assert panel.status.startswith("Calibration report written") and not panel.busy
     assert panel._download().getvalue() == b"<html>report</html>"

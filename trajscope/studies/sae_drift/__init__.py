@@ -46,11 +46,12 @@ def _help(text: str, **more: Any) -> dict[str, Any]:
 
 def parse_saes(items: Sequence[str]) -> dict[str, list[str]]:
     """``("NAME=DIR", "DIR", "NAME=DIR2")`` → ``{name: [dirs]}`` in first-seen order; a repeated name adds a
-    seed replicate to that mix, a bare ``DIR`` is named by its last path part."""
+    seed replicate to that mix, a bare ``DIR`` is named by its last path part (an existing directory whose path
+    holds ``=`` is a bare ``DIR``)."""
     out: dict[str, list[str]] = {}
     for item in items:
         name, sep, path = str(item).partition("=")
-        if not sep:
+        if not sep or pathlib.Path(item).is_dir():
             name, path = pathlib.PurePath(item).name, item
         if not name.strip() or not path.strip():
             raise TrajscopeError(f"'{item}' is not an SAE: write NAME=DIR or DIR.")

@@ -11,15 +11,12 @@ button ends a sweep after the current run. :func:`card` is the registered card f
 
 from __future__ import annotations
 
-import logging
 import threading
 
 import panel as pn
 import param
 
-from trajscope.errors import TrajscopeError
 from trajscope.escaping import html_text
-from trajscope.logs import failure_sentence
 from trajscope.studies.steering import plots as ap
 from trajscope.studies.steering.section import effect_rows
 from trajscope.studies.steering.state import (
@@ -27,11 +24,9 @@ from trajscope.studies.steering.state import (
     parse_depths,
     skipped_depths,
 )
-from trajscope.ui import openmp
 from trajscope.ui.tables import table_pane
-from trajscope.ui.views._base import StateView, any_of, dispatcher
+from trajscope.ui.views._base import StateView, any_of, dispatcher, in_slot
 
-log = logging.getLogger(__name__)
 SWEEP_WINDOW = 10  # steered steps per depth in the card's sweep (every depth the same)
 
 
@@ -97,31 +92,9 @@ class SteeringView(StateView):
             s.status = "Generate or open a run first: steering continues the run's prompt."
             return
         s.busy, self._cancel = True, threading.Event()
-        give_back = openmp.lend(dispatch)  # the UI thread's OpenMP team steps aside while the model runs
-
-        def waiting(n_ahead: int) -> None:
-            dispatch(lambda: setattr(s, "status", f"Waiting for a free generation slot: {n_ahead} ahead."))
-
-        def run():
-            from trajscope.ui.runner import QUEUE
-
-            # Steer and each depth sweep are generations too: they take a slot of Generate's queue
-            # (the operator's --max-generations), for their whole run
-            if not QUEUE.wait_turn(self, waiting, self._cancel):
-                dispatch(lambda: (give_back(), self._finish("Stopped while waiting for a free generation slot.")))
-                return
-            openmp.set_threads(openmp.page_share())  # as Generate: one core stays with the page
-            try:
-                msg = work(dispatch)
-            except TrajscopeError as exc:
-                msg = str(exc)
-            except Exception as exc:  # the view must stay usable; the traceback goes to the log
-                msg = failure_sentence("Steering", exc, log)
-            finally:
-                QUEUE.leave(self)
-            dispatch(lambda: (give_back(), self._finish(msg)))
-
-        threading.Thread(target=run, name="trajscope-steer", daemon=True).start()
+        in_slot(self, lambda: work(dispatch), dispatch,
+                lambda n_ahead: setattr(s, "status", f"Waiting for a free generation slot: {n_ahead} ahead."),
+                self._finish, self._cancel, what="Steering", name="trajscope-steer")
 
     def _show(self, run, **results) -> None:
         """Show results computed on ``run``, unless another run has replaced it meanwhile (then they are dropped)."""

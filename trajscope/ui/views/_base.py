@@ -200,3 +200,40 @@ def in_background(work: Callable[[], object], apply: Callable[[object], None], o
         dispatch(lambda: (give_back(), finish(outcome)))
 
     threading.Thread(target=run, name=name, daemon=True).start()
+
+
+def in_slot(ticket: object, work: Callable[[], str], dispatch: Callable[[Callable[[], None]], None],
+            on_wait: Callable[[int], None], on_done: Callable[[str], None], cancel, what: str,
+            name: str = "trajscope-generation") -> None:
+    """Run ``work()`` on a thread that first waits for, then holds, one slot of Generate's queue.
+
+    Steering, its depth sweep and the calibration report are generations too, so they queue with Generate
+    (the operator's ``--max-generations``) for their whole run. ``on_wait(n_ahead)`` is dispatched while
+    waiting; ``on_done(message)`` on the event loop at the end: ``work``'s own message, a
+    :class:`~trajscope.errors.TrajscopeError`'s sentence, the failure sentence (traceback to the log, under
+    ``what``), or "Stopped while waiting…" when ``cancel`` (a ``threading.Event``) is set before the turn.
+    While ``work`` runs, the event loop's OpenMP team steps aside and the work keeps one core for the page.
+    """
+    import threading
+
+    from trajscope.ui import openmp
+    from trajscope.ui.runner import QUEUE
+
+    give_back = openmp.lend(dispatch)
+
+    def run() -> None:
+        if not QUEUE.wait_turn(ticket, lambda n: dispatch(lambda: on_wait(n)), cancel):
+            dispatch(lambda: (give_back(), on_done("Stopped while waiting for a free generation slot.")))
+            return
+        openmp.set_threads(openmp.page_share())  # as Generate: one core stays with the page
+        try:
+            msg = work()
+        except TrajscopeError as exc:
+            msg = str(exc)
+        except Exception as exc:  # the view must stay usable; the traceback goes to the log
+            msg = failure_sentence(what, exc, log)
+        finally:
+            QUEUE.leave(ticket)
+        dispatch(lambda: (give_back(), on_done(msg)))
+
+    threading.Thread(target=run, name=name, daemon=True).start()

@@ -18,7 +18,7 @@ import param
 
 from trajscope.errors import TrajscopeError
 from trajscope.safe_paths import safe_name
-from trajscope.ui.views._base import StateView, dispatcher
+from trajscope.ui.views._base import StateView, dispatcher, in_slot
 
 _ONE_AT_A_TIME = threading.Lock()
 
@@ -58,45 +58,35 @@ class CalibrationPanel(StateView):
             self.status = "A calibration report is being written by another session; press again when it ends."
             return
         self.busy, self.status, self._cancel = True, "Waiting for a free generation slot…", threading.Event()
-        threading.Thread(target=self._run, args=(dispatch, prompts), name="trajscope-calibrate", daemon=True).start()
+        in_slot(self, lambda: self._work(dispatch, prompts), dispatch,
+                lambda n: setattr(self, "status", f"Waiting for a free generation slot: {n} ahead."),
+                self._done, self._cancel, what="The calibration report", name="trajscope-calibrate")
 
-    def _run(self, dispatch, prompts: str) -> None:
+    def _work(self, dispatch, prompts: str) -> str:
+        """The report (worker thread, in a generation slot); returns the status line."""
         from trajscope.calibration import calibrate
-        from trajscope.logs import failure_sentence
-        from trajscope.ui.runner import QUEUE, get_model
-        from trajscope.ui.views._base import log
+        from trajscope.ui.runner import get_model
 
-        def say(text: str) -> None:
-            dispatch(lambda: setattr(self, "status", text))
+        model = get_model(self.state.model_key()[0])
+        dispatch(lambda: setattr(self, "status", f"Writing the calibration report for {model.model_id} "
+                                                 "(quick settings; minutes)…"))
+        done: list[str] = []
 
-        path, msg = "", ""
-        try:
-            if not QUEUE.wait_turn(self, lambda n: say(f"Waiting for a free generation slot: {n} ahead."), self._cancel):
-                msg = "Stopped while waiting for a free generation slot."
-                return
-            try:
-                model = get_model(self.state.model_key()[0])
-                out = self._out(model.model_id)
-                say(f"Writing the calibration report for {model.model_id} (quick settings; minutes)…")
-                done: list[str] = []
+        def on_state(state) -> None:
+            done.append(f"{state.job.key} {state.state}")
+            dispatch(lambda text=f"Calibration report: {', '.join(done)}…": setattr(self, "status", text))
 
-                def on_state(state) -> None:
-                    done.append(f"{state.job.key} {state.state}")
-                    say(f"Calibration report: {', '.join(done)}…")
+        cal = calibrate(model, self._out(model.model_id), prompts=[prompts] if prompts else (), quick=True,
+                        on_state=on_state)
+        self._written = str(cal.report)
+        ran = sum(s.state in ("done", "resumed") for s in cal.states)
+        return f"Calibration report written: {ran} of {len(cal.states)} studies, {len(cal.verdicts)} verdicts."
 
-                cal = calibrate(model, out, prompts=[prompts] if prompts else (), quick=True, on_state=on_state)
-                path = str(cal.report)
-                ran = sum(s.state in ("done", "resumed") for s in cal.states)
-                msg = f"Calibration report written: {ran} of {len(cal.states)} studies, {len(cal.verdicts)} verdicts."
-            except TrajscopeError as exc:
-                msg = str(exc)
-            except Exception as exc:  # the card must stay usable; the traceback goes to the log
-                msg = failure_sentence("The calibration report", exc, log)
-            finally:
-                QUEUE.leave(self)
-        finally:
-            _ONE_AT_A_TIME.release()
-            dispatch(lambda: self.param.update(busy=False, status=msg, report_path=path or self.report_path))
+    def _done(self, msg: str) -> None:
+        """On the event loop, whatever the outcome: release the one-at-a-time lock and show the result."""
+        _ONE_AT_A_TIME.release()
+        path, self._written = getattr(self, "_written", ""), ""
+        self.param.update(busy=False, status=msg, report_path=path or self.report_path)
 
     def _download(self):
         import io
