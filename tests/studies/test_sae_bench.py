@@ -19,16 +19,17 @@ from tests.sae.test_ce_recovered import hooked_ce
 
 SAES = ["--saes", "prefill-only=sample_data/saes/layer3-prefill-only,hybrid=sample_data/saes/layer3-hybrid,"
         "prefill-only=sample_data/saes/seeds/layer3-prefill-only-seed1"]
-FAST = ["--max-per-file", "2", "--new-tokens", "6", "--max-prompt-tokens", "40", "--n-boot", "30", "--ks", "1,5"]
+FAST = ["--max-per-file", "1", "--new-tokens", "6", "--max-prompt-tokens", "40", "--n-boot", "30", "--ks", "1,5"]
 SENTINEL = 7777.0
 
 
 @pytest.fixture(scope="module")
 def small(sample_model):
-    """The study on the sample model: 2 prompts from each of the 12 code files, 6 greedy steps, two mixes."""
+    """The study on the sample model: one prompt from each of the 12 code files, 6 greedy steps, two mixes, two
+    files named as the SAEs' training files."""
     cfg = sae_bench.SaeBenchConfig(saes=("prefill-only=sample_data/saes/layer3-prefill-only",
-                                         "hybrid=sample_data/saes/layer3-hybrid"), max_per_file=2, new_tokens=6,
-                                   max_prompt_tokens=40, n_boot=30, ks=(1, 5))
+                                         "hybrid=sample_data/saes/layer3-hybrid"), max_per_file=1, new_tokens=6,
+                                   max_prompt_tokens=40, n_boot=30, ks=(1, 5), sae_train_files=("gzip.py", "uu.py"))
     return cfg, sae_bench.run(sample_model, None, cfg)
 
 
@@ -72,8 +73,8 @@ def test_ce_recovered_equals_plain_hf_forward_hooks(small, sample_model):
     from trajscope.studies.sae_bench import data as D
 
     items = D.encode(sample_model, D.read_prompts(cfg.prompt_files, cfg.max_per_file), cfg.max_prompt_tokens)
-    sums = {ph: np.zeros(3) for ph in ("prefill", "decode")}
-    for it in items[:24]:
+    sums = {(ph, u): np.zeros(3) for ph in ("prefill", "decode") for u in (False, True)}
+    for it in items:
         ids = sample_model.generate_ids(it["ids"], max_new_tokens=cfg.new_tokens, stop_at_eos=False)
         P = len(it["ids"])
         clean = hooked_ce(hf, ids, None, layer=3)
@@ -81,13 +82,17 @@ def test_ce_recovered_equals_plain_hf_forward_hooks(small, sample_model):
         spl = hooked_ce(hf, ids, lambda x: sae(x.float()).to(x.dtype), layer=3)
         pos = np.arange(1, len(ids) - 1)
         for ph, m in (("prefill", pos < P), ("decode", pos >= P)):
-            sums[ph] += [clean[m].sum(), zero[m].sum(), spl[m].sum()]
-    for ph in ("prefill", "decode"):
-        c, z, s = sums[ph]
-        row = core.filter((pl.col("kind") == "all") & (pl.col("phase") == ph) & (pl.col("segment") == "all")
-                          & (pl.col("mix") == "hybrid"))
+            for unseen in {False, it["file"] not in cfg.sae_train_files}:
+                sums[(ph, unseen)] += [clean[m].sum(), zero[m].sum(), spl[m].sum()]
+    for (ph, unseen), (c, z, s) in sums.items():
+        row = core.filter((pl.col("kind") == ("all (unseen)" if unseen else "all")) & (pl.col("phase") == ph)
+                          & (pl.col("segment") == "all") & (pl.col("mix") == "hybrid"))
         assert row["ce_recovered"][0] == pytest.approx((z - s) / (z - c), rel=1e-4)
         assert row["ce_recovered_lo"][0] < row["ce_recovered"][0] < row["ce_recovered_hi"][0]
+    assert res.summaries["ce recovered decode hybrid"]["rows"] == "all (unseen)"
+    assert res.summaries["ce recovered decode hybrid"]["value"] == pytest.approx(
+        core.filter((pl.col("kind") == "all (unseen)") & (pl.col("phase") == "decode") & (pl.col("segment") == "all")
+                    & (pl.col("mix") == "hybrid"))["ce_recovered"][0])
 
 
 def test_probe_table_and_split_by_file(small):
@@ -163,3 +168,24 @@ def test_groups_split_chat_rows_by_segment():
     assert got[("all", "prefill", "all")] == 4 and got[("all", "decode", "all")] == 3
     assert got[("chat", "prefill", "system")] == 1 and got[("chat", "decode", "assistant")] == 2
     assert ("code", "prefill", "user") not in got and got[("code", "prefill", "all")] == 1
+    seen = {(k, p, s): int(m.sum()) for k, p, s, m in groups(rows.with_columns(
+        pl.Series("seen", [True, True, False, False, True, False, False])))}
+    assert seen[("chat (unseen)", "prefill", "assistant")] == 1 and seen[("all (unseen)", "decode", "all")] == 2
+    assert ("chat (unseen)", "prefill", "system") not in seen and seen[("code (unseen)", "prefill", "all")] == 1
+
+
+def test_the_shipped_smollm2_report_is_a_result_its_section_reads():
+    import pathlib
+
+    from trajscope.studies.registry import Result
+
+    shipped = pathlib.Path(__file__).resolve().parents[2] / "sample_data" / "smollm2" / "report" / "sae-bench"
+    res = Result.load(shipped, "sae-bench")
+    assert get("sae-bench").holds(shipped)
+    title, body, figs = get("sae-bench").section(res)
+    s = res.summaries["ce recovered decode prefill-only"]
+    assert s["rows"] == "all (unseen)" and f"{s['value']:.3f} [{s['lo']:.3f}, {s['hi']:.3f}]" in body
+    assert "0.963 [0.940, 0.982]" in body  # as docs/studies/sae.md and the README state it
+    again = S.summarize(res.table("sae-bench_core"), res.table("sae-bench_diff"), res.table("sae-bench_probe"),
+                        res.table("sae-bench_repro"))
+    assert {k: v for k, v in res.summaries.items() if k != "setup"} == again
