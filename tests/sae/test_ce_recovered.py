@@ -14,15 +14,15 @@ from tests.sae.sae_helpers import tiny_sae
 LAYER = 1
 
 
-def hooked_ce(hf: torch.nn.Module, ids: list[int], replace, first_pos: int = 1) -> np.ndarray:
-    """Per-position next-token CE with block LAYER's output at positions ≥ first_pos replaced (None: clean)."""
+def hooked_ce(hf: torch.nn.Module, ids: list[int], replace, first_pos: int = 1, layer: int = LAYER) -> np.ndarray:
+    """Per-position next-token CE with block ``layer``'s output at positions ≥ first_pos replaced (None: clean)."""
     def hook(_m, _i, out):
         h = out[0] if isinstance(out, tuple) else out
         h = h.clone()
         h[:, first_pos:] = replace(h[:, first_pos:])
         return (h, *out[1:]) if isinstance(out, tuple) else h
 
-    handle = hf.model.layers[LAYER].register_forward_hook(hook) if replace is not None else None
+    handle = hf.model.layers[layer].register_forward_hook(hook) if replace is not None else None
     try:
         with torch.no_grad():
             logits = hf(torch.tensor([ids])).logits[0].float()
