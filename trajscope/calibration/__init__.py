@@ -35,6 +35,7 @@ class Calibration:
     report: pathlib.Path
     summary: dict[str, Any]
     states: list[JobState]
+    inputs: Inputs | None = None
 
     @property
     def verdicts(self) -> list[dict[str, Any]]:
@@ -118,7 +119,7 @@ def calibrate(model: str | Any = "smollm2", out: str | pathlib.Path = "calibrati
     from trajscope.calibration import report
 
     path, summary = report.write(folder, inputs, model_facts(handle), states, quick)
-    return Calibration(report=path, summary=summary, states=states)
+    return Calibration(report=path, summary=summary, states=states, inputs=inputs)
 
 
 def model_facts(handle: Any) -> dict[str, Any]:

@@ -11,6 +11,8 @@ model before any study runs, so a wrong one costs one sentence and no compute:
   names the exact set it measured.
 - **SAEs** (directories), **vectors** (steering direction files) and a drift **profile**: given, or the
   model's shipped ones (:mod:`trajscope.artefacts`); the report says which were shipped.
+- **seen files**: the source files the artefacts record as fitted on (a profile's split groups, an SAE's
+  ``train_files``). Studies that judge an artefact evaluate on the other files only (the plan says which).
 
 An SAE for another width or layer count, a vector of the wrong width or for a layer the model lacks, a
 profile from another model and an empty prompt file each raise one :class:`TrajscopeError`.
@@ -39,6 +41,7 @@ class Inputs:
     vectors: tuple[pathlib.Path, ...] = ()
     profile: pathlib.Path | None = None
     shipped: tuple[str, ...] = ()  # the kinds ("prompts", "sae", "vector", "profile") taken from shipped assets
+    seen_files: tuple[str, ...] = ()  # source files the artefacts were fitted on, as they record it
 
     def has(self, kind: str) -> bool:
         """Whether an artefact of ``kind`` ("sae", "vector", "profile") is given or shipped."""
@@ -49,7 +52,14 @@ class Inputs:
         return {"model": self.model, "prompt_files": [str(p) for p in self.prompt_files],
                 "n_prompts": len(self.records), "saes": [str(p) for p in self.saes],
                 "vectors": [str(p) for p in self.vectors], "profile": str(self.profile) if self.profile else None,
-                "shipped": list(self.shipped)}
+                "shipped": list(self.shipped), "seen_files": list(self.seen_files)}
+
+    def unseen(self, records: Sequence[dict]) -> list[dict]:
+        """The records whose source file no artefact was fitted on."""
+        from trajscope.studies.monitor.config import file_of
+
+        seen = set(self.seen_files)
+        return [r for r in records if file_of(r["id"]) not in seen]
 
 
 def _model_folder(facts: dict) -> pathlib.Path | None:
@@ -171,7 +181,22 @@ def resolve(model: Any, prompts: Sequence[str] = (), saes: Sequence[str] = (), v
     elif (found_p := artefacts.find_profile(facts)) is not None:
         prof, _ = found_p, shipped.append("profile")
     return Inputs(model=model_name or model.model_id, prompt_files=tuple(files), records=tuple(records),
-                  saes=tuple(sae_dirs), vectors=tuple(vec_files), profile=prof, shipped=tuple(shipped))
+                  saes=tuple(sae_dirs), vectors=tuple(vec_files), profile=prof, shipped=tuple(shipped),
+                  seen_files=tuple(seen_files(prof, sae_dirs)))
+
+
+def seen_files(profile: pathlib.Path | None, saes: Sequence[pathlib.Path]) -> list[str]:
+    """Source files the artefacts record as fitted on: a profile's ``split_groups`` fit and calibrate groups
+    (``trajscope prepare`` fits its SAEs on the same parts) and an SAE's ``metadata.train_files``."""
+    out: set[str] = set()
+    info = artefacts._profile_info(profile) if profile is not None else None
+    groups = (info or {}).get("split_groups")
+    if isinstance(groups, dict):
+        out |= {str(f) for part in ("fit", "calibrate") for f in groups.get(part, [])}
+    for d in saes:
+        meta = (artefacts._sae_cfg(pathlib.Path(d)) or {}).get("metadata", {})
+        out |= {str(f) for f in meta.get("train_files", [])}
+    return sorted(out)
 
 
 def write_records(inputs: Inputs, out: pathlib.Path) -> pathlib.Path:

@@ -7,6 +7,11 @@ was missing. A study that takes an artefact (``Study.uses``: kind → config fie
 one: a field typed as a tuple takes them all, a single-valued field runs the study once per artefact
 (one :class:`Job` each, in its own folder).
 
+Artefacts are judged on prompts they were not fitted on: when the inputs record the source files an artefact
+was fitted on (``Inputs.seen_files``), the studies in :data:`HELD_OUT` run on the other files' prompts only,
+a study with ``sae_train_files`` reports them apart, and one with ``fit_files`` fits on them and evaluates on
+the rest.
+
 Settings are the study's defaults, its ``quick`` overrides under ``--quick``, then the artefacts. Two
 keys of ``quick`` are the runner's, not the config's: ``max_prompts`` (prompts taken round-robin over
 source files, so a split by file still has files on each side) and ``max_tokens`` (each prompt's cut).
@@ -37,7 +42,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("drift", "Drift", "Does the residual stream during decode still look like prefill, against a "
             "prefill profile fitted on other prompts (held-out false-positive rate)?", ("drift",)),
     Section("sae", "SAE transfer", "Does an SAE fitted on prefill reconstruct decode as well (FVU, CE recovered, "
-            "feature overlap against its matched-n null), and does a prefill/decode mix do better?", ("sae-drift",)),
+            "feature overlap against its matched-n null, SAEBench's core metrics and sparse probing by phase and segment), "
+            "and does a prefill/decode mix do better?", ("sae-drift", "sae-bench")),
     Section("steering", "Steering reliability", "Does a steering vector's effect depend on the decode step where "
             "it starts (onset and accumulation over equal windows)?", ("steering",)),
     Section("monitor", "Monitor transfer", "Do monitors calibrated on clean decode detect a shift planted into "
@@ -46,7 +52,9 @@ SECTIONS: tuple[Section, ...] = (
             "stay the ones decode attends to, and does the model still retrieve a passkey?", ("eviction", "needle")),
 )
 
-REQUIRES: dict[str, tuple[str, ...]] = {"sae-drift": ("sae",), "steering": ("vector",), "monitor": ("vector",)}
+REQUIRES: dict[str, tuple[str, ...]] = {"sae-drift": ("sae",), "sae-bench": ("sae",), "steering": ("vector",),
+                                         "monitor": ("vector",)}
+HELD_OUT = ("sae-drift",)  # studies that judge an artefact on prompts: only files it was not fitted on
 RUNNER_KEYS = ("max_prompts", "max_tokens")
 DEFAULT_MAX_TOKENS = 96
 
@@ -64,6 +72,7 @@ class Job:
     max_tokens: int | None = DEFAULT_MAX_TOKENS
     label: str = ""
     missing: str = ""
+    held_out: bool = False  # run on the prompts of files no artefact was fitted on (Inputs.unseen)
 
     @property
     def key(self) -> str:
@@ -88,7 +97,24 @@ def _is_tuple(study: Study, field: str) -> bool:
 
 def _artefacts(inputs: Inputs, kind: str) -> list[pathlib.Path]:
     return {"sae": list(inputs.saes), "vector": list(inputs.vectors),
-            "profile": [inputs.profile] if inputs.profile else []}.get(kind, [])
+            "profile": [inputs.profile] if inputs.profile else [],
+            "prompt_files": list(inputs.prompt_files)}.get(kind, [])
+
+
+def _held_out_settings(name: str, study: Study, inputs: Inputs) -> dict[str, Any]:
+    """Config settings that keep an artefact's evaluation off the files it was fitted on (module docstring)."""
+    from trajscope.studies.monitor.config import file_of
+
+    if not inputs.seen_files:
+        return {}
+    fields = {f.name for f in dataclasses.fields(study.config)}
+    files = sorted({file_of(r["id"]) for r in inputs.records})
+    seen = [f for f in files if f in set(inputs.seen_files)]
+    if "sae_train_files" in fields:  # reports the unseen files apart and takes its headline from them
+        return {"sae_train_files": tuple(inputs.seen_files)}
+    if "fit_files" in fields and seen and len(seen) < len(files):  # fit on seen files, evaluate on the rest
+        return {"fit_files": tuple(seen)}
+    return {}
 
 
 def jobs(inputs: Inputs, quick: bool = False) -> list[Job]:
@@ -107,7 +133,9 @@ def jobs(inputs: Inputs, quick: bool = False) -> list[Job]:
             if quick:
                 for k, v in study.quick.items():
                     (runner if k in RUNNER_KEYS else over)[k] = v
-            base = dict(section=sec.key, study=name, max_prompts=runner["max_prompts"], max_tokens=runner["max_tokens"])
+            over.update(_held_out_settings(name, study, inputs))
+            base = dict(section=sec.key, study=name, max_prompts=runner["max_prompts"], max_tokens=runner["max_tokens"],
+                        held_out=name in HELD_OUT and bool(inputs.seen_files))
             if need:
                 out.append(Job(folder=f"studies/{name}", missing=" and ".join(need), **base))
                 continue

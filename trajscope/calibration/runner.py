@@ -77,6 +77,22 @@ def select_prompts(records: Sequence[dict], most: int | None) -> list[dict]:
     return sorted(out, key=lambda r: list(records).index(r))
 
 
+def job_prompts(model: Any, inputs: Inputs, job: Job, config: Any) -> list[tuple[str, list[int]]] | None:
+    """The ``(id, token ids)`` prompts ``job`` runs on, or None for a study that reads its own input: at most
+    ``job.max_prompts`` (round-robin over files), from unseen files only for a held-out job, with the
+    config's header and the job's token cut."""
+    from trajscope.studies.prompts import encode_prompts, study_items
+
+    study = study_of(job)
+    if getattr(study.config, "OWN_INPUT", None) and "prompts" not in study.uses:
+        return None
+    pool = inputs.unseen(inputs.records) if job.held_out else list(inputs.records)
+    if not pool:
+        raise TrajscopeError("every prompt comes from a file the artefacts were fitted on; give prompts from other "
+                             "files")
+    return encode_prompts(model, *study_items(model, select_prompts(pool, job.max_prompts), config, job.max_tokens))
+
+
 def _progress(desc: str) -> tuple[Callable[[int, int], None], Callable[[], None]]:
     from tqdm.auto import tqdm
 
@@ -93,8 +109,6 @@ def _progress(desc: str) -> tuple[Callable[[int, int], None], Callable[[], None]
 def run_jobs(model: Any, inputs: Inputs, jobs: Sequence[Job], out: pathlib.Path, budget_s: float | None = None,
              threads: int | None = None, on_state: Callable[[JobState], None] | None = None) -> list[JobState]:
     """Run every job not already finished in ``out``; returns each job's state (module docstring)."""
-    from trajscope.studies.prompts import encode_prompts, study_items
-
     start = time.perf_counter()
     states: list[JobState] = []
     for job in jobs:
@@ -105,7 +119,7 @@ def run_jobs(model: Any, inputs: Inputs, jobs: Sequence[Job], out: pathlib.Path,
         elif budget_s is not None and time.perf_counter() - start > budget_s:
             state = JobState(job, "budget", f"the budget of {budget_s / 60:g} minutes was spent before it started")
         else:
-            state = _run_one(model, inputs, job, out, threads, encode_prompts, study_items)
+            state = _run_one(model, inputs, job, out, threads)
         states.append(state)
         _write_status(out, inputs, states, jobs)
         if on_state:
@@ -113,18 +127,13 @@ def run_jobs(model: Any, inputs: Inputs, jobs: Sequence[Job], out: pathlib.Path,
     return states
 
 
-def _run_one(model: Any, inputs: Inputs, job: Job, out: pathlib.Path, threads: int | None,
-             encode_prompts: Callable, study_items: Callable) -> JobState:
+def _run_one(model: Any, inputs: Inputs, job: Job, out: pathlib.Path, threads: int | None) -> JobState:
     study = study_of(job)
     folder = out / job.folder
     t0 = time.perf_counter()
     try:
         config = job.config()
-        own = getattr(study.config, "OWN_INPUT", None) and "prompts" not in study.uses
-        prompts = None
-        if not own:
-            items = study_items(model, select_prompts(inputs.records, job.max_prompts), config, job.max_tokens)
-            prompts = encode_prompts(model, items[0], items[1])
+        prompts = job_prompts(model, inputs, job, config)
         if folder.exists():
             shutil.rmtree(folder)  # an unfinished study starts afresh
         update, close = _progress(job.key)

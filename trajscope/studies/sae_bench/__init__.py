@@ -168,8 +168,8 @@ STUDY = register(Study(
     example=(f"trajscope study {NAME} --model smollm2 --prompt-files {','.join(SMOLLM2_FILES)} --saes "
              "prefill-only=sample_data/smollm2/saes/layer15-prefill-only,hybrid=sample_data/smollm2/saes/"
              "layer15-hybrid --out reports/sae-bench"),
-    uses={"sae": "saes"},
-    quick={"prompt_files": SMOLLM2_FILES, "max_per_file": 1, "max_prompt_tokens": 48, "new_tokens": 8, "ks": (1, 5),
+    uses={"sae": "saes", "prompt_files": "prompt_files"},
+    quick={"max_per_file": 1, "max_prompt_tokens": 48, "new_tokens": 8, "ks": (1, 5),
            "n_boot": 100}))
 
 __all__ = ["SaeBenchConfig", "run", "section", "STUDY"]

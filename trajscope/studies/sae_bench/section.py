@@ -38,14 +38,12 @@ def _setup(setup: dict[str, Any]) -> str:
         return ""
     mixes = ", ".join(f"{html_text(m)} (seeds {', '.join(map(str, v))})" for m, v in setup.get("mixes", {}).items())
     probe = setup.get("probe") or {}
-    sec = setup.get("seconds") or {}
     return (f"<p>{html_text(str(setup.get('model_id')))}, layer {setup.get('layer')}: {setup.get('n_prompts')} "
             f"prompts from {setup.get('n_files')} source files ({html_text(', '.join(setup.get('kinds', [])))}), "
             f"{setup.get('n_rows')} rows (position 0 left out), {setup.get('new_tokens')} greedy decode steps each. "
             f"SAEs: {mixes}. Intervals: 95% percentile bootstrap over source files ({setup.get('n_boot')} "
             f"resamples). Probes fitted on prefill rows of {len(probe.get('fit_files', []))} files, scored on "
-            f"{len(probe.get('evaluate_files', []))} others (split by source file). Ran in "
-            f"{sec.get('total', '?')} s.</p>" + (
+            f"{len(probe.get('evaluate_files', []))} others (split by source file).</p>" + (
                 f"<p>Rows of {len(setup['sae_train_files'])} source files the SAEs were trained on "
                 f"({html_text(', '.join(setup['sae_train_files']))}) are reported apart: kinds marked "
                 f"(unseen) hold the other {len(setup.get('unseen_files', []))} files only, and the headline "
