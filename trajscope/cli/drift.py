@@ -1,6 +1,6 @@
 """``trajscope profile`` and ``trajscope drift``: aliases of the registered drift study.
 
-``profile`` splits the prompt set into fit / calibrate / evaluate parts by prompt id (seeded)
+``profile`` splits the prompt set into fit / calibrate / evaluate parts by source file (seeded)
 and writes the study's prefill profile (:func:`trajscope.studies.drift.build.build_profile`):
 moments from the fit prompts, a per-layer threshold at ``--fpr`` from the calibrate prompts,
 and the split itself in the profile's metadata.
@@ -26,11 +26,11 @@ from trajscope.errors import TrajscopeError
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from trajscope.prompts import read_prompts
-    from trajscope.studies.drift.build import build_profile, named_split, prompt_ids
+    from trajscope.studies.drift.build import build_profile, named_split, prompt_ids, source_files
 
     items = read_prompts(args.prompts)
     ids = prompt_ids(items)
-    split = named_split(ids, seed=args.seed)
+    split = named_split(ids, seed=args.seed, groups=source_files(items))
     model = opt.load(args)
     prof = build_profile(model, [p["prompt"] for p in items], fpr=args.fpr, ids=ids, split=split,
                          progress=not args.quiet)

@@ -87,16 +87,6 @@ class MonitorConfig:
             raise TrajscopeError(f"--strengths must be numbers like 0,0.5,1,2; got {self.strengths!r}.") from exc
         if not self.strengths and "steer" in self.shifts:
             raise TrajscopeError("--strengths needs at least one strength.")
-        object.__setattr__(self, "shifts", tuple(str(k) for k in self.shifts))
-        bad = [k for k in self.shifts if k not in SHIFT_KINDS]
-        if bad or not self.shifts or len(set(self.shifts)) != len(self.shifts):
-            raise TrajscopeError(f"--shifts takes distinct kinds among {', '.join(SHIFT_KINDS)}, not "
-                                 f"{','.join(self.shifts) or 'nothing'}.")
-        if "forced" in self.shifts and not 1 <= self.forced_tokens < self.new_tokens - self.start_step:
-            raise TrajscopeError(f"--forced-tokens must lie in 1..{self.new_tokens - self.start_step - 1} (the run "
-                                 f"keeps a free step after the forced ones), not {self.forced_tokens}.")
-        if "topic" in self.shifts and not str(self.switch_text).strip():
-            raise TrajscopeError("--switch-text is empty; give the text the topic shift forces.")
         if self.new_tokens < 2:
             raise TrajscopeError(f"--new-tokens must be at least 2, not {self.new_tokens}.")
         if not 1 <= self.start_step < self.new_tokens:
@@ -109,6 +99,16 @@ class MonitorConfig:
             raise TrajscopeError(f"--fpr must lie between 0 and 0.5, not {self.fpr}.")
         if self.n_boot < 1:
             raise TrajscopeError(f"--n-boot must be at least 1, not {self.n_boot}.")
+        object.__setattr__(self, "shifts", tuple(str(k) for k in self.shifts))
+        bad = [k for k in self.shifts if k not in SHIFT_KINDS]
+        if bad or not self.shifts or len(set(self.shifts)) != len(self.shifts):
+            raise TrajscopeError(f"--shifts takes distinct kinds among {', '.join(SHIFT_KINDS)}, not "
+                                 f"{','.join(self.shifts) or 'nothing'}.")
+        if "forced" in self.shifts and not 1 <= self.forced_tokens < self.new_tokens - self.start_step:
+            raise TrajscopeError(f"--forced-tokens must lie in 1..{self.new_tokens - self.start_step - 1} (the run "
+                                 f"keeps a free step after the forced ones), not {self.forced_tokens}.")
+        if "topic" in self.shifts and not str(self.switch_text).strip():
+            raise TrajscopeError("--switch-text is empty; give the text the topic shift forces.")
 
 
 def file_of(prompt_id: str) -> str:
