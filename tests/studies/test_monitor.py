@@ -173,6 +173,23 @@ def test_a_replayed_run_scores_its_shared_steps_as_plain_decode_does(planted):
     assert (late["value"] - late["value_ref"]).abs().max() > 1e-3
 
 
+def test_each_arm_against_its_null_equals_scikit_learn_on_the_run_scores(planted):
+    from sklearn.metrics import roc_auc_score
+
+    result, cfg = planted
+    runs, vs_null = result.tables["monitor"], result.tables["monitor_vs_null"]
+    assert vs_null.height == 5 * 3  # steer s=300 vs s=0, topic and forced vs replay; 5 monitors
+    for r in vs_null.iter_rows(named=True):
+        null = ("steer", 0.0) if r["shift"] == "steer" else ("replay", None)
+        mine = runs.filter((pl.col("monitor") == r["monitor"]) & (pl.col("shift") == r["shift"])
+                           & pl.col("strength").eq_missing(r["strength"]) & (pl.col("part") == "evaluate"))
+        base = runs.filter((pl.col("monitor") == r["monitor"]) & (pl.col("shift") == null[0])
+                           & pl.col("strength").eq_missing(null[1]) & (pl.col("part") == "evaluate"))
+        y = [1] * mine.height + [0] * base.height
+        assert r["value"] == pytest.approx(roc_auc_score(y, mine["run_score"].to_list() + base["run_score"].to_list()))
+        assert r["lo"] <= r["value"] <= r["hi"] and r["n_prompts"] == mine.height
+
+
 def test_the_forced_tokens_are_the_ones_written(planted, sample_model):
     from trajscope.studies.monitor.study import forced_ids
 

@@ -3,7 +3,7 @@
 States the question, the planted shifts, the split (files and n of each part), one row per
 (arm, monitor) with AUROC [95% bootstrap over prompts], the detected share, the Kaplan–Meier
 median time-to-detect and the held-out false-positive rate [Wilson], each monitor's AUROC against the
-drift monitor's on the same runs (paired), what the numbers do not show, and one figure: AUROC by
+drift monitor's on the same runs (paired), each shifted arm's AUROC against its own null arm, what the numbers do not show, and one figure: AUROC by
 arm per monitor.
 """
 
@@ -56,6 +56,19 @@ def pairs_rows(pairs: pl.DataFrame) -> str:
     return (f"<p>Each monitor against the prefill-calibrated {ref} monitor on the same runs (paired bootstrap over "
             f"prompts): an interval that excludes 0 says the two differ.</p><div class='scroll'><table>{head}{rows}"
             "</table></div>")
+
+
+def null_rows(vs_null: pl.DataFrame) -> str:
+    """Each shifted arm's AUROC against its own null arm, per monitor, as an HTML table (empty without rows)."""
+    if vs_null.height == 0:
+        return ""
+    head = "<tr><th>shift</th><th>null</th><th>monitor</th><th>n prompts</th><th>AUROC vs null [95% CI]</th></tr>"
+    rows = "".join(f"<tr><td>{html_text(r['label'])}</td><td>{html_text(r['null'])}</td><td>{html_text(r['monitor'])}"
+                   f"</td><td>{num(r['n_prompts'])}</td><td>{ci(r['value'], r['lo'], r['hi'], r['n_prompts'])}</td></tr>"
+                   for r in vs_null.iter_rows(named=True))
+    return ("<p>Each shifted arm against its own null arm on the same prompts (same seed; topic and forced share "
+            "the replay's first k tokens): an interval above 0.5 says the monitor sees the shift beyond what the "
+            f"machinery that carries it does.</p><div class='scroll'><table>{head}{rows}</table></div>")
 
 
 def auroc_figure(summary: pl.DataFrame) -> Any:
@@ -142,4 +155,8 @@ def section(result: Result) -> tuple[str, str, list]:
         pairs = pairs_rows(result.table("monitor_pairs"))
     except TrajscopeError:  # a Result written before the paired table existed
         pairs = ""
+    try:
+        pairs += null_rows(result.table("monitor_vs_null"))
+    except TrajscopeError:  # a Result written before the table existed
+        pass
     return "Monitor transfer", intro + summary_rows(summary) + pairs + notes, [auroc_figure(summary)]

@@ -27,6 +27,7 @@ realised false-positive rate on the held-out clean runs (Wilson).
 
 Tables: ``monitor`` (per run and monitor), ``monitor_summary`` (per arm and monitor),
 ``monitor_pairs`` (per arm, each monitor's AUROC minus the drift monitor's, paired over prompts),
+``monitor_vs_null`` (per shifted arm and monitor, its AUROC against its own null arm's runs),
 ``monitor_steps`` (per run, monitor and step) and ``monitor_runs`` (per run: its steps, the forced text
 and the text from step k on and after the forced run, for a behavioural check of the shift).
 """
@@ -200,6 +201,7 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]], config: C.MonitorC
     per_run = run_table(steps, config)
     summary = summary_table(per_run, config)
     pairs = pairs_table(per_run, config)
+    vs_null = null_table(per_run, config)
     info = {"split": {"by": "source file", **{f"{p}_files": sorted({C.file_of(i) for i in v}) for p, v in parts.items()},
                       **{f"n_{p}_prompts": len(v) for p, v in parts.items()}},
             "setup": {"model_id": model.model_id,
@@ -217,6 +219,7 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]], config: C.MonitorC
                      for r in summary.iter_rows(named=True)}  # the headline numbers, as summary_table gave them
     return Result(study="monitor", config=dataclasses.asdict(config), summaries=info,
                   tables={"monitor": per_run, "monitor_summary": summary, "monitor_pairs": pairs,
+                          "monitor_vs_null": vs_null,
                           "monitor_steps": steps, "monitor_runs": pl.DataFrame(texts).cast(schema)})
 
 
@@ -292,6 +295,42 @@ def summary_table(per_run: pl.DataFrame, config: C.MonitorConfig) -> pl.DataFram
     ints = ("order", "start_step", "n_prompts", "n_detected", "n_shifted", "n_fit_runs", "n_heldout_runs")
     return (pl.DataFrame(rows, schema_overrides={"strength": pl.Float64})
             .with_columns([pl.col(c).cast(pl.Int32) for c in ints]).sort("order", "monitor"))
+
+
+def null_of(a: dict[str, Any], config: C.MonitorConfig) -> dict[str, Any] | None:
+    """The null arm a shifted arm is read against: steer s → steer s = 0 (when run), topic / forced → replay; None for
+    a null itself."""
+    if a["shift"] == "steer":
+        return {"shift": "steer", "strength": 0.0} if a["strength"] != 0 and 0.0 in config.strengths else None
+    return {"shift": "replay", "strength": None} if a["shift"] in ("topic", "forced") else None
+
+
+def null_table(per_run: pl.DataFrame, config: C.MonitorConfig) -> pl.DataFrame:
+    """Per shifted arm and monitor: AUROC of the arm's runs against its null arm's runs (:func:`null_of`) on the same
+    evaluate prompts, with a bootstrap over prompts (``value``, ``lo``, ``hi``). The two arms share the seed (and, for
+    topic / forced vs replay, the first k tokens), so this reads a shift against the machinery that carries it."""
+    ev = per_run.filter((pl.col("part") == "evaluate") & (pl.col("arm") == "shifted") & pl.col("run_score").is_not_null())
+    rows = []
+    for a in arms(config):
+        null = null_of(a, config)
+        if null is None:
+            continue
+        for m in sorted(ev["monitor"].unique().to_list()):
+            mine = ev.filter((pl.col("monitor") == m) & _same_arm(a["shift"], a["strength"]))
+            base = ev.filter((pl.col("monitor") == m) & _same_arm(null["shift"], null["strength"]))
+            pair = set(mine["prompt_id"]) & set(base["prompt_id"])
+            if not pair:
+                continue
+            both = pl.concat([base, mine]).filter(pl.col("prompt_id").is_in(pair))
+            iv = M.auroc_interval(both["run_score"].to_numpy(),
+                                  both.select(_same_arm(a["shift"], a["strength"]))[:, 0].to_numpy(),
+                                  both["prompt_id"].to_numpy(), n_boot=config.n_boot, seed=config.seed)
+            rows.append({"shift": a["shift"], "label": a["label"], "strength": a["strength"], "monitor": m,
+                         "null": null["shift"] if null["strength"] is None else f"steer s={null['strength']:g}",
+                         "n_prompts": iv.n_clusters, "value": iv.estimate, "lo": iv.lo, "hi": iv.hi})
+    schema = {"shift": pl.String, "label": pl.String, "strength": pl.Float64, "monitor": pl.String, "null": pl.String,
+              "n_prompts": pl.Int32, "value": pl.Float64, "lo": pl.Float64, "hi": pl.Float64}
+    return pl.DataFrame(rows, schema=schema)
 
 
 def pairs_table(per_run: pl.DataFrame, config: C.MonitorConfig, reference: str = "drift") -> pl.DataFrame:
