@@ -11,7 +11,7 @@ PY=${PY:-.venv/bin/python}
 TS=(${PY} -m trajscope.cli)
 mkdir -p sample_data/profiles sample_data/vectors sample_data/reports
 if [[ "${1:-}" != "--drift-only" ]]; then ${PY} scripts/make_demo_run.py; fi
-# the profile records its fit / calibrate / evaluate split (seed 0, by prompt id); drift evaluates on the rest
+# the profile records its fit / calibrate / evaluate split (seed 0, by source file); drift evaluates on files it never saw
 "${TS[@]}" profile --model sample --prompts sample_data/prompts/heldout_code.jsonl --fpr 0.01 --seed 0 \
     --out sample_data/profiles/trajscope-tiny.safetensors
 rm -rf /tmp/trajscope-drift

@@ -18,7 +18,7 @@ from trajscope.capture import CaptureConfig
 from trajscope.studies.drift.runs import continuation_residuals, prompt_regime_rows
 from trajscope.studies.drift import regimes as dr
 from trajscope.profile import DriftProbe, ReferenceProfile, profile_from_residuals
-from trajscope.studies.drift.build import build_profile, named_split, prompt_ids
+from trajscope.studies.drift.build import build_profile, check_file_disjoint, named_split, prompt_ids, source_files
 from trajscope.prompts import read_prompts
 from trajscope.conformal import calibrate_max, false_alarm_rate
 
@@ -32,13 +32,22 @@ def items(n: int, seed: int, length: int = 14, cont: int = 40) -> list[dict]:
     return [{"id": f"p{i:02d}", "prompt": words(length), "continuation": " " + words(cont)} for i in range(n)]
 
 
-def test_named_split_is_disjoint_deterministic_and_recorded(tiny_models):
-    ids = [f"file.py:{i}:f" for i in range(60)]
+def test_named_split_is_disjoint_in_files_deterministic_and_recorded(tiny_models):
+    ids = [f"file{i % 10}.py:{i}:f" for i in range(60)]  # 10 source files, 6 prompts each
     a, b = named_split(ids, seed=0), named_split(list(reversed(ids)), seed=0)
-    assert a == b and (len(a["fit"]), len(a["calibrate"]), len(a["evaluate"])) == (24, 18, 18)
+    assert a == b and (len(a["fit"]), len(a["calibrate"]), len(a["evaluate"])) == (24, 18, 18)  # 4 / 3 / 3 files
     parts = [set(a[k]) for k in ("fit", "calibrate", "evaluate")]
     assert set.union(*parts) == set(ids) and sum(map(len, parts)) == 60
+    files = [{i.split(":")[0] for i in part} for part in parts]  # each part's files, counted here
+    assert not (files[0] & files[1] or files[0] & files[2] or files[1] & files[2])
+    assert [a["files"][k] for k in ("fit", "calibrate", "evaluate")] == [sorted(f) for f in files]
     assert named_split(ids, seed=1)["fit"] != a["fit"]
+    records = [{"id": f"r{i}", "prompt": "x", "file": f"f{i % 4}.py"} for i in range(12)]  # the record's file field wins
+    by_field = named_split(prompt_ids(records), groups=source_files(records))
+    assert {r["file"] for r in records if r["id"] in by_field["evaluate"]}.isdisjoint(
+        {r["file"] for r in records if r["id"] in by_field["fit"]})
+    with pytest.raises(ts.TrajscopeError, match="at least 3 files"):
+        named_split([f"one.py:{i}" for i in range(9)])
     with pytest.raises(ts.TrajscopeError, match="unique"):
         named_split(["a", "a", "b", "c"])
     assert prompt_ids([{"prompt": "x"}, {"prompt": "y", "id": 7}]) == ["prompt-0", "7"]
@@ -61,6 +70,33 @@ def test_named_split_is_disjoint_deterministic_and_recorded(tiny_models):
     res = [{0: torch.randn(5, 4)} for _ in range(4)]
     with pytest.raises(ts.TrajscopeError, match="disjoint"):
         profile_from_residuals(res, fit=[0, 1], calibrate=[1, 2])
+
+
+def test_a_split_whose_parts_share_a_file_is_refused():
+    """The issue-31 defect: a split by prompt id gives fit and evaluate prompts of the same file."""
+    by_id = {"fit": ["a.py:1", "b.py:1"], "calibrate": ["c.py:1"], "evaluate": ["a.py:2", "d.py:1"]}
+    with pytest.raises(ts.TrajscopeError, match="fit and evaluate prompts share 1 source file.*'a.py'"):
+        check_file_disjoint(by_id)
+    check_file_disjoint({**by_id, "evaluate": ["d.py:1"]})  # disjoint: accepted
+    with pytest.raises(ts.TrajscopeError, match="fit and calibrate"):  # a record's file field counts, not the id
+        check_file_disjoint({"fit": ["x1"], "calibrate": ["x2"]}, {"x1": "same.py", "x2": "same.py"})
+    with pytest.raises(ts.TrajscopeError, match="share"):
+        build_profile(None, ["p", "q", "r"], ids=["a.py:1", "a.py:2", "b.py:1"],
+                      split={"fit": ["a.py:1"], "calibrate": ["a.py:2"]}, progress=False)
+
+
+def test_a_profile_split_by_prompt_id_evaluates_only_on_files_it_never_saw():
+    from trajscope.studies.drift.study import held_out_split
+
+    prof = ReferenceProfile(mean=torch.zeros(1, 4), var=torch.ones(1, 4), median_abs=torch.ones(1),
+                            stat_mean=torch.ones(1, 5), stat_std=torch.ones(1, 5), threshold=torch.ones(1),
+                            info={"split": {"fit": ["a.py:1", "b.py:1"], "calibrate": ["a.py:2", "c.py:1"]}})
+    ids = ["a.py:1", "a.py:2", "a.py:3", "b.py:2", "c.py:1", "d.py:1", "d.py:2", "e.py:1"]
+    out = held_out_split(prof, ids, "p")
+    assert out["evaluate"] == ["d.py:1", "d.py:2", "e.py:1"]  # a.py:3 and b.py:2 are unseen prompts of seen files
+    assert out["shared_fit_calibrate"] == ["a.py"] and out["files"]["evaluate"] == ["d.py", "e.py"]
+    with pytest.raises(ts.TrajscopeError, match="source file that was"):
+        held_out_split(prof, ["a.py:3", "b.py:2"], "p")
 
 
 def test_continuation_states_equal_an_independent_hf_forward(tiny_models):

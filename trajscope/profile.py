@@ -12,9 +12,10 @@ The drift score of a position at a layer is the diagonal Mahalanobis distance
 to the prefill mean, divided by √d_model so that in-distribution positions
 score about 1: ``m(x) = sqrt(mean_d((x_d − μ_d)² / σ_d²))``. Calibration: the
 prompts are split into a fitting part (mean, variance) and a calibration part —
-named id lists from :func:`trajscope.stats.split_ids`, recorded in the profile's
-``info["split"]`` so that a report can evaluate on the prompts in neither, or by
-default a seeded permutation; the threshold of each layer is the ``1 − fpr``
+named id lists (the drift study's :func:`trajscope.studies.drift.build.named_split`
+takes whole source files for each part), recorded in the profile's ``info["split"]``
+so that a report can evaluate on the prompts of files in neither, or by default a
+seeded permutation of prompts; the threshold of each layer is the ``1 − fpr``
 quantile of the calibration prompts' prefill scores, so a fresh prefill position
 of the same prompt distribution is flagged with probability ≈ ``fpr``.
 

@@ -1,6 +1,6 @@
 """``trajscope profile`` and ``trajscope drift``: aliases of the registered drift study.
 
-``profile`` splits the prompt set into fit / calibrate / evaluate parts by prompt id (seeded)
+``profile`` splits the prompt set into fit / calibrate / evaluate parts by source file (seeded)
 and writes the study's prefill profile (:func:`trajscope.studies.drift.build.build_profile`):
 moments from the fit prompts, a per-layer threshold at ``--fpr`` from the calibrate prompts,
 and the split itself in the profile's metadata.
@@ -26,11 +26,11 @@ from trajscope.errors import TrajscopeError
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from trajscope.prompts import read_prompts
-    from trajscope.studies.drift.build import build_profile, named_split, prompt_ids
+    from trajscope.studies.drift.build import build_profile, named_split, prompt_ids, source_files
 
     items = read_prompts(args.prompts)
     ids = prompt_ids(items)
-    split = named_split(ids, seed=args.seed)
+    split = named_split(ids, seed=args.seed, groups=source_files(items))
     model = opt.load(args)
     prof = build_profile(model, [p["prompt"] for p in items], fpr=args.fpr, ids=ids, split=split,
                          progress=not args.quiet)
@@ -99,9 +99,12 @@ def _print_report(result, args) -> None:
     ev, nc = tables["by_position"]["n_prompts"].max(), tables["by_position"]["n_clusters"].max()
     over = (f"the {ev} evaluated prompts" if unit == "prompt" else
             f"the {ev} evaluated prompts, resampled by source file ({nc} files: prompts cut from one file move together)")
-    print(f"split (seed {split.get('seed')}, by prompt id): fit {sizes['fit']} prompts (profile moments), calibrate "
-          f"{sizes['calibrate']} (per-position threshold at fpr {fpr}; trajectory threshold), evaluate "
-          f"{sizes['evaluate']} (every number below). Intervals: 95% bootstrap over {over} "
+    nf = split.get("n_files") or {}
+    files = {k: f" from {nf[k]} files" if k in nf else "" for k in sizes}
+    print(f"split (seed {split.get('seed')}, by {split.get('by', 'prompt id')}): fit {sizes['fit']} prompts{files['fit']} "
+          f"(profile moments), calibrate {sizes['calibrate']}{files['calibrate']} (per-position threshold at fpr {fpr}; "
+          f"trajectory threshold), evaluate {sizes['evaluate']}{files['evaluate']} (every number below). "
+          f"Intervals: 95% bootstrap over {over} "
           f"({args.n_boot} resamples) unless named otherwise.")
     with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=250, fmt_str_lengths=40, tbl_hide_dataframe_shape=True,
                    tbl_hide_column_data_types=True):

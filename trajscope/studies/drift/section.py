@@ -30,9 +30,15 @@ def drift_section(result: Result) -> Section:
     split = s.get("split") or {}
     sizes = split.get("sizes") or {}
     fpr = (s.get("profile") or {}).get("fpr")
-    parts = [f"<p class='note'><b>Setup.</b> Split by prompt id (seed {num(split.get('seed'))}): fit "
-             f"{num(sizes.get('fit'))} prompts (profile moments), calibrate {num(sizes.get('calibrate'))} (threshold at "
-             f"nominal false-positive rate {num(fpr)}), evaluate {num(sizes.get('evaluate'))} (every number here). "
+    nf = split.get("n_files") or {}
+    files = lambda k: f" from {num(nf[k])} files" if k in nf else ""  # noqa: E731
+    shared = split.get("shared_fit_calibrate") or []
+    parts = [f"<p class='note'><b>Setup.</b> Split by {html_text(str(split.get('by', 'prompt id')))} (seed "
+             f"{num(split.get('seed'))}): fit {num(sizes.get('fit'))} prompts{files('fit')} (profile moments), "
+             f"calibrate {num(sizes.get('calibrate'))}{files('calibrate')} (threshold at nominal false-positive rate "
+             f"{num(fpr)}), evaluate {num(sizes.get('evaluate'))}{files('evaluate')} (every number here). "
+             + (f"The profile's fit and calibrate prompts share {len(shared)} file(s) (it was split by prompt id). "
+                if shared else "") +
              f"Intervals: 95 % bootstrap, resampling by {html_text(str(split.get('cluster', 'prompt')))}. "
              f"{html_text(PROXY)}</p>", headline_html(s)]
     parts += [f"<p class='note'>{html_text(n)}</p>" for n in s.get("notes") or []]

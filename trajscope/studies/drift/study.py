@@ -1,9 +1,10 @@
 """The drift study: does the residual stream during decode still look like prefill, on held-out prompts?
 
 :class:`DriftConfig` holds its settings (each field's help is a flag of ``trajscope study drift``).
-:func:`evaluate` runs it: the prompt set is split by prompt id into fit / calibrate / evaluate
-(:func:`~trajscope.studies.drift.build.named_split`, seeded) unless a profile with a recorded split
-is given; the prefill profile's moments come from the fit prompts and its per-layer threshold
+:func:`evaluate` runs it: the prompt set is split by source file into fit / calibrate / evaluate
+(:func:`~trajscope.studies.drift.build.named_split`, seeded; no file supplies two parts) unless a
+profile with a recorded split is given (then evaluate = prompts of files that supplied neither its
+fit nor its calibrate prompts); the prefill profile's moments come from the fit prompts and its per-layer threshold
 (at ``fpr``) from the calibrate prompts. Only evaluate prompts are scored, in three regimes at
 matched positions (:mod:`trajscope.studies.drift.regimes`): prefill over the prompt, greedy
 decode, and the human continuation teacher-forced at the decode positions (for prompt records
@@ -88,18 +89,39 @@ def records(prompts: Sequence[Any]) -> list[dict]:
     return [{**it, "id": i} for it, i in zip(items, prompt_ids(items))]
 
 
-def held_out_split(prof: Any, ids: list[str], profile_path: str | None) -> dict:
-    """The profile's recorded split, restricted to these prompts; evaluate = the prompts it never saw."""
+def held_out_split(prof: Any, ids: list[str], profile_path: str | None, files: Sequence[str] | None = None) -> dict:
+    """The profile's recorded split, restricted to these prompts; evaluate = the prompts of files it never saw.
+
+    Args:
+        prof: the profile (its ``info["split"]`` names the fit and calibrate prompts, and, when built by
+            :func:`~trajscope.studies.drift.build.named_split`, their files).
+        ids: the prompt set's ids; ``files``: their source files (default: the id's file prefix).
+    Returns:
+        The split with ``evaluate`` = prompts whose file supplied no fit or calibrate prompt, ``files`` per part
+        and ``shared_fit_calibrate`` (files a profile split by prompt id gave both its parts; [] when by file).
+    """
+    from trajscope.studies.drift.build import check_file_disjoint, file_of
+
     split = prof.info.get("split")
     if split is None:
         raise TrajscopeError(f"The profile '{profile_path}' records no fit/calibrate split, so held-out prompts "
                              f"cannot be told apart; rebuild it with `trajscope profile`.")
+    where = {**{i: file_of(i) for i in [*split["fit"], *split["calibrate"]]}, **dict(split.get("file_of") or {}),
+             **dict(zip(ids, files if files is not None else [file_of(i) for i in ids]))}
+    fit_files = {where[i] for i in split["fit"]}
+    cal_files = {where[i] for i in split["calibrate"]}
     seen = set(split["fit"]) | set(split["calibrate"])
     out = dict(split, calibrate=[i for i in split["calibrate"] if i in set(ids)],
-               evaluate=sorted(i for i in ids if i not in seen))
+               evaluate=sorted(i for i in ids if i not in seen and where[i] not in fit_files | cal_files))
     if not out["evaluate"]:
-        raise TrajscopeError("Every prompt in this file was used to fit or calibrate the profile; drift needs "
-                             "held-out prompts to evaluate on.")
+        raise TrajscopeError("Every prompt in this file was used to fit or calibrate the profile, or comes from a "
+                             "source file that was; drift needs held-out prompts (of other files) to evaluate on.")
+    check_file_disjoint({"fit": split["fit"], "evaluate": out["evaluate"]}, where)
+    check_file_disjoint({"calibrate": split["calibrate"], "evaluate": out["evaluate"]}, where)
+    out["files"] = {"fit": sorted(fit_files), "calibrate": sorted(cal_files),
+                    "evaluate": sorted({where[i] for i in out["evaluate"]})}
+    out["shared_fit_calibrate"] = sorted(fit_files & cal_files)
+    out["file_of"] = where
     return out
 
 
@@ -119,7 +141,7 @@ def evaluate(model: Any, prompts: Sequence[Any] | None, config: DriftConfig, pro
     from trajscope.capture import CaptureConfig
     from trajscope.studies.drift import regimes as dr
     from trajscope.profile import ReferenceProfile
-    from trajscope.studies.drift.build import build_profile, named_split
+    from trajscope.studies.drift.build import build_profile, named_split, source_files
     from trajscope.studies.drift.runs import prompt_regime_rows
 
     if prompts is None:
@@ -130,13 +152,14 @@ def evaluate(model: Any, prompts: Sequence[Any] | None, config: DriftConfig, pro
         prompts = read_prompts(config.prompts)
     items = records(prompts)[: config.max_prompts]
     ids = [it["id"] for it in items]
+    files = source_files(items)
     by_id = dict(zip(ids, items))
     if config.profile:
         prof = ReferenceProfile.load(config.profile)
         prof.check_model(model.n_layers, model.d_model, model.model_id)
-        split = held_out_split(prof, ids, config.profile)
+        split = held_out_split(prof, ids, config.profile, files)
     else:
-        split = named_split(ids, seed=config.seed)
+        split = named_split(ids, seed=config.seed, groups=files)
         prof = build_profile(model, [it["prompt"] for it in items], fpr=config.fpr, ids=ids, split=split,
                              progress=False)
     cfg = CaptureConfig(max_new_tokens=config.max_new_tokens, residual_layers="all", temperature=config.temperature,
@@ -176,7 +199,10 @@ def evaluate(model: Any, prompts: Sequence[Any] | None, config: DriftConfig, pro
     sizes = {k: len(split[k]) for k in ("fit", "calibrate", "evaluate")}
     summaries = {**summary.headline(ev, **kw),
                  "split": {"seed": split.get("seed"), "fractions": split.get("fractions"), "sizes": sizes,
-                           "evaluate": list(split["evaluate"]), "cluster": unit},
+                           "evaluate": list(split["evaluate"]), "cluster": unit,
+                           "by": split.get("by", "prompt id"), "files": split.get("files"),
+                           "n_files": {k: len(v) for k, v in (split.get("files") or {}).items()},
+                           "shared_fit_calibrate": split.get("shared_fit_calibrate", [])},
                  "profile": {"fpr": prof.info.get("fpr"), "threshold": [float(t) for t in prof.threshold.tolist()],
                              "model_id": prof.info.get("model_id")},
                  "notes": notes}

@@ -1,5 +1,16 @@
 """The monitor study's settings, and the shipped artefacts it reads (steering vector, drift profile, SAEs).
 
+Three kinds of planted shift (``shifts``), each from decode step k:
+
+- ``steer``: the steering vector added at strength s from step k (s = 0: the null);
+- ``topic``: the tokens produced at steps k, k + 1, … are replaced by the tokens of ``switch_text`` (a
+  switch of topic and language, teacher-forced), after which the model generates freely;
+- ``forced``: the same with ``forced_tokens`` tokens drawn uniformly from the vocabulary (special
+  tokens excluded; a seeded draw per prompt) — an off-distribution token run.
+
+``topic`` and ``forced`` share one null arm, ``replay``: the same machinery (the run's first k tokens
+re-read as a prompt, then free generation) with nothing forced.
+
 :class:`MonitorConfig` is a frozen dataclass whose fields carry their help text: ``trajscope study
 monitor`` generates its flags from it (:mod:`trajscope.studies.flags`). ``default`` for the vector,
 the profile and the SAEs means the model's shipped artefacts: under ``sample_data/`` for the sample
@@ -20,6 +31,10 @@ from typing import Any
 import torch
 
 from trajscope.errors import TrajscopeError
+
+
+SHIFT_KINDS = ("steer", "topic", "forced")
+SWITCH_TEXT = " Now, in French, about volcanoes: Les volcans"
 
 
 def _help(text: str, **more: Any) -> dict[str, Any]:
@@ -54,6 +69,13 @@ class MonitorConfig:
     saes: tuple[str, ...] | None = field(default=None, metadata=_help(
         "SAE directories whose reconstruction error is a monitor (default: the model's shipped SAEs; 'none': no SAE)"))
     n_boot: int = field(default=1000, metadata=_help("bootstrap resamples of each AUROC interval"))
+    shifts: tuple[str, ...] = field(default=("steer", "topic", "forced"), metadata=_help(
+        "kinds of planted shift: steer (the vector at each strength), topic (switch_text teacher-forced from step k) "
+        "and forced (forced_tokens uniform random tokens from step k); topic and forced share the null arm 'replay'"))
+    switch_text: str = field(default=SWITCH_TEXT, metadata=_help(
+        "the text teacher-forced from step k by the topic shift (a switch of topic and language)"))
+    forced_tokens: int = field(default=8, metadata=_help(
+        "how many tokens, drawn uniformly from the vocabulary, the forced shift teacher-forces from step k"))
     stop_at_eos: bool = field(default=False, metadata=_help(
         "end a run at EOS (runs that end before the start step are left out and counted); default: every run "
         "generates new_tokens"))
@@ -63,7 +85,7 @@ class MonitorConfig:
             object.__setattr__(self, "strengths", tuple(float(s) for s in self.strengths))
         except (TypeError, ValueError) as exc:
             raise TrajscopeError(f"--strengths must be numbers like 0,0.5,1,2; got {self.strengths!r}.") from exc
-        if not self.strengths:
+        if not self.strengths and "steer" in self.shifts:
             raise TrajscopeError("--strengths needs at least one strength.")
         if self.new_tokens < 2:
             raise TrajscopeError(f"--new-tokens must be at least 2, not {self.new_tokens}.")
@@ -77,6 +99,16 @@ class MonitorConfig:
             raise TrajscopeError(f"--fpr must lie between 0 and 0.5, not {self.fpr}.")
         if self.n_boot < 1:
             raise TrajscopeError(f"--n-boot must be at least 1, not {self.n_boot}.")
+        object.__setattr__(self, "shifts", tuple(str(k) for k in self.shifts))
+        bad = [k for k in self.shifts if k not in SHIFT_KINDS]
+        if bad or not self.shifts or len(set(self.shifts)) != len(self.shifts):
+            raise TrajscopeError(f"--shifts takes distinct kinds among {', '.join(SHIFT_KINDS)}, not "
+                                 f"{','.join(self.shifts) or 'nothing'}.")
+        if "forced" in self.shifts and not 1 <= self.forced_tokens < self.new_tokens - self.start_step:
+            raise TrajscopeError(f"--forced-tokens must lie in 1..{self.new_tokens - self.start_step - 1} (the run "
+                                 f"keeps a free step after the forced ones), not {self.forced_tokens}.")
+        if "topic" in self.shifts and not str(self.switch_text).strip():
+            raise TrajscopeError("--switch-text is empty; give the text the topic shift forces.")
 
 
 def file_of(prompt_id: str) -> str:

@@ -1,7 +1,11 @@
 """The monitors: a score per decode step of a captured run, from what capture recorded.
 
 Every monitor reads the decode steps ``s ≥ 1`` of a :class:`~trajscope.trajectory.Trajectory`
-(the residual of step s is its query's, at ``pos = P + s − 1``: :func:`trajscope.positions.query_pos`):
+(the residual of step s is its query's, at ``pos = P + s − 1``: :func:`trajscope.positions.query_pos`).
+A *replayed* run (the topic and forced shifts: a run's first tokens, and the forced ones, re-read as
+the prompt of a second capture) gives ``origin``, the original prompt length P: its positions from P on
+are scored as the steps they stand for, ``s = pos − P + 1``, whether the second capture computed them
+in its prefill or decoding (a causal model computes the same residual and attention row either way):
 
 - ``drift``: the prefill-calibrated drift monitor. At each probed layer l, the shipped profile's
   drift score (:meth:`trajscope.profile.ReferenceProfile.score`, diagonal Mahalanobis / √d) divided by
@@ -32,14 +36,18 @@ ATTENTION = {"attn-sink": "sink_mass", "attn-entropy": "entropy_norm"}  # monito
 CENTRED = tuple(ATTENTION)  # monitors scored as |v − μ| / σ against clean decode
 
 
-def decode_steps(traj: Any) -> list[int]:
-    """The decode steps whose query the run computed (1 .. n_steps − 1)."""
-    return list(range(1, int(traj.meta["n_steps"])))
-
-
-def _rows(traj: Any, steps: Sequence[int]) -> list[int]:
+def decode_steps(traj: Any, origin: int | None = None) -> list[int]:
+    """The decode steps whose query the run computed (1 .. n_steps − 1), counted from prompt length ``origin``
+    (default: the run's own prompt length; a replayed run's earlier positions then count as steps too)."""
     P = int(traj.meta["prompt_len"])
-    return [int(positions.query_pos(s, P)) for s in steps]
+    origin = P if origin is None else int(origin)
+    if not 1 <= origin <= P:
+        raise TrajscopeError(f"origin {origin} must lie in 1..{P} (the run's prompt length).")
+    return list(range(1, P - origin + int(traj.meta["n_steps"])))
+
+
+def _rows(origin: int, steps: Sequence[int]) -> list[int]:
+    return [int(positions.query_pos(s, origin)) for s in steps]
 
 
 def _resid(traj: Any, layer: int, rows: list[int]) -> torch.Tensor:
@@ -50,7 +58,7 @@ def _resid(traj: Any, layer: int, rows: list[int]) -> torch.Tensor:
 
 
 def step_values(traj: Any, *, profile: Any = None, drift_layers: Sequence[int] = (), attention_layer: int | None = None,
-                saes: dict[str, Any] | None = None) -> pl.DataFrame:
+                saes: dict[str, Any] | None = None, origin: int | None = None) -> pl.DataFrame:
     """Each monitor's raw value at each decode step of one run.
 
     Args:
@@ -59,13 +67,15 @@ def step_values(traj: Any, *, profile: Any = None, drift_layers: Sequence[int] =
         drift_layers: the layers the drift monitor probes.
         attention_layer: the layer of the attention monitors (None: none).
         saes: ``{name: SAE}`` (each read at its own layer).
+        origin: the prompt length the steps count from (default: the run's; see the module docstring).
     Returns:
         ``step`` (Int32), ``monitor`` (String), ``value`` (Float64): one row per decode step and monitor.
     """
-    steps = decode_steps(traj)
+    origin = int(traj.meta["prompt_len"]) if origin is None else int(origin)
+    steps = decode_steps(traj, origin)
     if not steps:
         return pl.DataFrame(schema={"step": pl.Int32, "monitor": pl.String, "value": pl.Float64})
-    rows = _rows(traj, steps)
+    rows = _rows(origin, steps)
     out: list[pl.DataFrame] = []
 
     def add(name: str, values: Any, at: Sequence[int] = steps) -> None:
@@ -77,8 +87,12 @@ def step_values(traj: Any, *, profile: Any = None, drift_layers: Sequence[int] =
                               for layer in drift_layers])
         add("drift", ratios.max(0).values.tolist())
     if attention_layer is not None:
-        att = (traj.attention.filter((pl.col("layer") == attention_layer) & (pl.col("step") >= 1))
-               .group_by("step").agg([pl.col(c).mean().alias(m) for m, c in ATTENTION.items()]).sort("step"))
+        att = (traj.attention.filter((pl.col("layer") == attention_layer) & (pl.col("pos") >= origin))
+               .group_by("pos").agg([pl.col(c).mean().alias(m) for m, c in ATTENTION.items()])
+               .with_columns(step=pl.col("pos") - origin + 1).sort("step"))
+        if att["step"].to_list() != steps:
+            raise TrajscopeError(f"The run has no attention row at some scored step (rows from pos {origin} on); "
+                                 "capture it with prefill_rows covering the replayed positions.")
         for m in ATTENTION:
             add(m, att[m].to_list(), att["step"].to_list())
     for name, sae in (saes or {}).items():
