@@ -13,8 +13,7 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-SMOLLM2 = ROOT / "sample_data" / "smollm2"
+from vllm_helpers import BATCH_TEXTS, LAYER, N_NEW, PROMPT, ROOT, SMOLLM2, float32_floor
 
 
 def _selected(config) -> bool:
@@ -75,3 +74,18 @@ def hf_model(model_dir):
     import trajscope as ts
 
     return ts.load_model(str(model_dir), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def refs(hf_model):
+    """trajscope.capture's greedy runs (float32, Hugging Face) of the test prompts, residuals of the tested layer kept."""
+    import trajscope as ts
+
+    return {t: ts.capture(hf_model, hf_model.encode(t), max_new_tokens=N_NEW, residual_layers=[LAYER], stop_at_eos=False)
+            for t in (PROMPT, *BATCH_TEXTS)}
+
+
+@pytest.fixture(scope="session")
+def floor(model_dir, refs) -> float:
+    """The float32 floor at the tested layer over every reference sequence (:func:`vllm_helpers.float32_floor`)."""
+    return float32_floor(model_dir, [r.token_ids[:-1] for r in refs.values()])
