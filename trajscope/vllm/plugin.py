@@ -38,12 +38,16 @@ from trajscope.errors import TrajscopeError
 log = logging.getLogger("trajscope.vllm")
 ENV_OUT = "TRAJSCOPE_VLLM_OUT"
 ENV_ENABLE = "TRAJSCOPE_VLLM"
-_STATE = {"patched": False, "enabled": True}
+_STATE: dict[str, Any] = {"patched": False, "enabled": True, "workers": []}
 
 
 def set_enabled(enabled: bool) -> None:
-    """Turn the worker hooks on or off in this process (the overhead benchmark's plain-vLLM arm)."""
+    """Turn trajscope on or off in this process's workers: off removes the layer hooks and the logits wrapper,
+    so the runner does exactly what plain vLLM does plus one flag check per forward (the overhead
+    benchmark's plain arm; with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` the worker is in this process)."""
     _STATE["enabled"] = bool(enabled)
+    for ts in _STATE["workers"]:
+        ts.attach() if enabled else ts.detach()
 
 
 def register() -> None:
@@ -55,7 +59,7 @@ def register() -> None:
     forward, update, sample = GPUModelRunner._model_forward, GPUModelRunner._update_states, GPUModelRunner.sample_tokens
 
     def _model_forward(self, input_ids=None, positions=None, *args, **kwargs):
-        ts = _worker(self) if _STATE["enabled"] else None
+        ts = _worker(self) if _STATE["enabled"] else None  # disabled: plain vLLM
         if ts is not None and positions is not None:
             ts.begin_forward(self, input_ids, positions)
         return forward(self, input_ids, positions, *args, **kwargs)
@@ -124,9 +128,16 @@ class WorkerState:
                        "prefix_caching": bool(runner.cache_config.enable_prefix_caching),
                        "chunked_prefill": bool(runner.scheduler_config.enable_chunked_prefill)}
         self._tokenizer = None
-        for i, layer in enumerate(layers):
-            layer.register_forward_hook(self._hook(i))
-        compute = model.compute_logits
+        self.model, self.layers, self.handles = model, layers, []
+        self.attach()
+        _STATE["workers"].append(self)
+
+    def attach(self) -> None:
+        """Register the layer hooks and wrap ``compute_logits`` (idempotent)."""
+        if self.handles:
+            return
+        self.handles = [layer.register_forward_hook(self._hook(i)) for i, layer in enumerate(self.layers)]
+        compute = type(self.model).compute_logits.__get__(self.model)
 
         def compute_logits(*args, **kwargs):
             logits = compute(*args, **kwargs)
@@ -134,7 +145,15 @@ class WorkerState:
                 self.monitor.on_logits(logits)
             return logits
 
-        model.compute_logits = compute_logits
+        self.model.compute_logits = compute_logits
+
+    def detach(self) -> None:
+        """Remove the hooks and the ``compute_logits`` wrapper."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.model.__dict__.pop("compute_logits", None)
+        self.monitor.end()
 
     def _hook(self, i: int):
         monitor = self.monitor
