@@ -61,7 +61,11 @@ def register() -> None:
     def _model_forward(self, input_ids=None, positions=None, *args, **kwargs):
         ts = _worker(self) if _STATE["enabled"] else None  # disabled: plain vLLM
         if ts is not None and positions is not None:
-            ts.begin_forward(self, input_ids, positions)
+            try:
+                ts.begin_forward(self, input_ids, positions)
+            except Exception as exc:  # trajscope must never take the engine down: this forward runs plain
+                log.warning("trajscope skipped a forward: %s: %s", type(exc).__name__, exc)
+                ts.monitor.end()
         return forward(self, input_ids, positions, *args, **kwargs)
 
     def _update_states(self, scheduler_output):
@@ -78,7 +82,10 @@ def register() -> None:
         ts = getattr(self, "_trajscope", None)
         if ts is not None and ts.monitor.tracked:
             ts.monitor.end()
-            ts.finish_done(self)
+            try:
+                ts.finish_done(self)
+            except Exception as exc:
+                log.warning("trajscope could not check finished requests: %s: %s", type(exc).__name__, exc)
         return out
 
     GPUModelRunner._model_forward = _model_forward
@@ -161,7 +168,12 @@ class WorkerState:
         def hook(module, args, out):
             if monitor.view is None or not isinstance(out, tuple):
                 return None
-            new = monitor.on_layer(i, out[0], out[1])
+            try:
+                new = monitor.on_layer(i, out[0], out[1])
+            except Exception as exc:  # never take the engine down: the rest of this forward runs plain
+                log.warning("trajscope stopped recording a forward at layer %d: %s: %s", i, type(exc).__name__, exc)
+                monitor.end()
+                return None
             return None if new is None else (new, *out[1:])
         return hook
 
