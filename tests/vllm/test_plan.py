@@ -109,3 +109,40 @@ def test_batched_scores_and_features_equal_per_request_calls(catalogue):
             torch.testing.assert_close(rec["score"], prof.score(2, x[sl]), rtol=1e-6, atol=1e-6)
         else:
             assert "score" not in rec
+
+
+class _Tok:
+    """A stand-in tokenizer: token id i reads as ``<i>``."""
+
+    def batch_decode(self, seqs):
+        return [f"<{s[0]}>" for s in seqs]
+
+
+def test_a_finished_request_is_a_run_directory_that_loads_and_goes_into_the_report(catalogue, tmp_path):
+    import trajscope as ts
+    from trajscope.vllm import runs
+
+    m = Monitor(catalogue, L, D)
+    plan = plan_request({"trajscope_run_id": "r1", "trajscope_profile": "p", "trajscope_sae": "s2",
+                         "trajscope_residuals": 1, "trajscope_steer": "v", "trajscope_start_step": 2}, catalogue, L, D, 8)
+    t = m.track("req-1", plan, [5, 6, 7], {"temperature": 0.0, "max_new_tokens": 3})
+    ids = [5, 6, 7, 8, 9]  # prompt + 2 fed generated tokens; 10 is the last, never fed
+    for positions_, qsl in (([0, 1, 2], [0, 3]), ([3], [0, 1]), ([4], [0, 1])):
+        m.begin(["req-1"], np.array(qsl), torch.tensor(positions_), torch.tensor([ids[p] for p in positions_]))
+        m.on_layer(1, torch.randn(len(positions_), D), torch.randn(len(positions_), D))
+        m.on_layer(2, torch.randn(len(positions_), D), torch.randn(len(positions_), D))
+        m.on_logits(torch.randn(1, 32))
+        m.end()
+    traj = runs.trajectory(t, [8, 9, 10], _Tok(), {"model_id": "synthetic", "family": "test", "dtype": "float32",
+                                                    "device": "cpu", "n_layers": L, "n_heads": 2},
+                           "max_new_tokens", m.threshold("p", 2), {"engine": "test"})
+    path = runs.save(traj, tmp_path)
+    back = ts.Trajectory.load(path)
+    assert back.token_ids == [5, 6, 7, 8, 9, 10] and back.prompt_len == 3
+    assert back.tokens["step"].to_list() == [0, 0, 0, 1, 2, 3]
+    assert back.tokens["logprob"].is_null().to_list() == [True, True, True, False, False, False]
+    assert back.probe["step"].to_list() == [1, 2] and back.residual(2).shape == (5, D)
+    assert back.activations["pos"].to_list() == [0, 1, 2, 3, 4] and back.attention.height == 0
+    assert back.meta["steering"][0]["start_step"] == 2 and back.meta["vllm"]["prefix_cached_tokens"] == 0
+    html = ts.compare([back, back]).save(tmp_path / "report.html")
+    assert "r1" in open(html).read()
