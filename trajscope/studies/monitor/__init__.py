@@ -28,7 +28,6 @@ STUDY = register(Study(
     name="monitor", question="do monitors tuned to prefill catch a shift planted into decode (AUROC, time-to-detect "
                              "at a fixed false-positive rate)",
     config=MonitorConfig, run=run, section=section, family="", marker="monitor_summary.parquet",
-    uses={"sae": "saes", "vector": "vector", "profile": "profile"},
     example=f"trajscope study monitor --model smollm2 --prompts {PROMPTS} --max-tokens 0 --new-tokens 24 --fit-files "
             "chat_history.jsonl,chat_math.jsonl,chat_programming.jsonl,chat_travel.jsonl --out reports/monitor",
     shared_defaults={"max_prompts": 64},

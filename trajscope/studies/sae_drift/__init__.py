@@ -191,5 +191,8 @@ def report_text(result: Result, metrics: Sequence[str] = ("fvu", "cos", "kl", "c
 STUDY = register(Study(
     name=NAME, question="SAE reconstruction and feature overlap, prefill vs decode, for SAEs of one or more training "
                         "mixes", config=SaeDriftConfig, run=run, section=section, uses={"sae": "saes"},
+    # a short pass: greedy continuations only, no spliced forwards (sae-bench measures CE recovered)
+    quick={"max_prompts": 8, "max_tokens": 64, "max_new_tokens": 16, "n_sampled": 0, "no_splice": True, "n_boot": 200,
+           "n_null": 20},
     example=f"trajscope study {NAME} --prompts sample_data/prompts/heldout_code.jsonl --out studies/sae-drift "
             "--saes prefill-only=sample_data/saes/layer3-prefill-only,hybrid=sample_data/saes/layer3-hybrid"))
