@@ -56,19 +56,26 @@ def test_prefill_reduced_as_read_equals_the_raw_reads(tiny_models, window_model,
 
 
 def test_prefill_keeps_only_the_kept_layers_block_outputs(tiny_models, monkeypatch):
+    """Only the kept layers' block outputs and attention rows outlive their layer's reduction: neither the
+    loop nor the row sink (which lets go of each entry as it is taken) holds the others until the logits."""
     model = tiny_models["gpt2"]
+    assert model.attn_impl == "rows"  # the rows come from the sink
     alive_at_logits: list[int] = []
+    rows_alive: list[int] = []
     refs: list[weakref.ref] = []
+    row_refs: list[weakref.ref] = []
     real_generation = ModelHandle.generation
 
     def layer_fn(layer, P, a, r, opts):
         refs.append(weakref.ref(r))
+        row_refs.append(weakref.ref(a))
         return kernels.prefill_layer(layer, P, a, r, opts)
 
     def generation(self, ids, gen_kwargs, step_fn, *args, **kw):
         def counting_step_fn(step, *a, **k):
             if step == 0:
                 alive_at_logits.append(sum(ref() is not None for ref in refs))
+                rows_alive.append(sum(ref() is not None for ref in row_refs))
             return step_fn(step, *a, **k)
         return real_generation(self, ids, gen_kwargs, counting_step_fn, *args, **{**kw, "layer_fn": layer_fn})
 
@@ -77,6 +84,7 @@ def test_prefill_keeps_only_the_kept_layers_block_outputs(tiny_models, monkeypat
     assert len(refs) == model.n_layers and alive_at_logits
     # the loop's own variable may still hold the last layer's read; every other unkept layer is gone
     assert alive_at_logits[0] <= 1, alive_at_logits
+    assert len(row_refs) == model.n_layers and rows_alive[0] <= 1, rows_alive
     assert traj.residual(0).shape[0] == traj.prompt_len + 2
 
 
