@@ -328,7 +328,7 @@ def smollm2(args, out: dict) -> None:
     16 new tokens (generate, trace(reads), capture), and peak memory at P = 8,192 in fresh processes."""
     variants = ("generate", "trace(reads)", "capture")
     models = load_models("smollm2", args.device, ("rows", "sdpa"))
-    cases = [("chat", chat_ids(models["rows"]), 64)] + [(f"P = {P}", long_ids(models["rows"], P), 16)
+    cases = [("chat", chat_ids(models["rows"]), 64)] * (not args.no_chat) + [(f"P = {P}", long_ids(models["rows"], P), 16)
                                                         for P in args.smollm2_lengths]
     for label, ids, n in cases:
         reps = args.short_reps or args.reps if label == "chat" else args.reps
@@ -372,7 +372,7 @@ def write(out: dict, args) -> None:
     RESULTS.mkdir(exist_ok=True)
     suffix = ("" if args.device == "cpu" else "_" + args.device.replace(":", "")) + (f"_{args.only}" if args.only else "")
     if args.smollm2:
-        suffix += "_smollm2"
+        suffix += "_smollm2" + ("_long" if args.no_chat else "")
     (RESULTS / f"capture_overhead{suffix}.json").write_text(json.dumps(out, indent=2) + "\n")
 
 
@@ -390,6 +390,8 @@ def main() -> None:
     ap.add_argument("--smollm2", action="store_true",
                     help="issue 32's SmolLM2 cases instead (capture_overhead_smollm2.json)")
     ap.add_argument("--smollm2-lengths", type=int, nargs="*", default=[1024, 4096], help="long prompts (SmolLM2)")
+    ap.add_argument("--no-chat", action="store_true",
+                    help="SmolLM2: the long prompts only (written to capture_overhead_smollm2_long.json)")
     ap.add_argument("--memory-length", type=int, default=8176,
                     help="prompt length of the SmolLM2 memory case (8,176 + 16 new tokens fill its 8,192 positions)")
     ap.add_argument("--threads", type=int, default=None,
