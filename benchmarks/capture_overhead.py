@@ -49,6 +49,17 @@ and the peak measures what the run keeps alive (repeatable to a few MiB). Writes
 
 Run by hand: ``python benchmarks/capture_overhead.py [--reps 3] [--short-reps 15] [--quick] [--device cuda]
 [--only short|long]``.
+
+``--smollm2`` runs issue 32's cases on SmolLM2-135M-Instruct (``trajscope.load_model("smollm2")``; the
+baseline loads the same dequantised weights with ``transformers``): a chat prompt (one user turn, 47
+tokens) with 64 new tokens, and P = 1,024 and 4,096 with 16 new tokens, each with ``generate``,
+``trace(reads)`` and ``capture``, plus capture over ``trace(reads)`` per round (what trajscope adds to its
+own trace); then peak resident memory at P = 8,176 (with the 16 new tokens, all 8,192 positions) in fresh processes with the mmap threshold fixed.
+Each case records the 1-minute load average before and after it. Writes
+``benchmarks/results/capture_overhead_smollm2.json``:
+``python benchmarks/capture_overhead.py --smollm2 --threads 1 --reps 5 --short-reps 9 --memory-reps 3``.
+Issue 32's targets: capture ≤ 1.10× generate for the chat case and at P = 1,024 and 4,096; peak memory
+at P = 8,192 ≤ 1.2× generate's; capture ≤ 1.03× trace(reads).
 Targets (issue 16): capture ≤ 1.10× default generate at P = 1,024 and 2,048; ≤ 1.05× on the
 124M model at short context; ≤ 1.3× on the sample model; peak memory at P = 2,048 ≤ 1.2×.
 """
@@ -116,6 +127,10 @@ def load_models(path: str, device: str, attns=("rows", "eager", "sdpa")) -> dict
 
     models: dict = {a: ts.load_model(path, device=device, attn=a) for a in attns if a in ("rows", "eager")}
     local = str(ts.model.sample_data_dir() / "models" / "trajscope-tiny") if path == "sample" else path
+    if path == "smollm2":  # the dequantised GGUF's model directory (a cache hit: no conversion)
+        from trajscope.model.gguf_cache import gguf_model_dir, smollm2_gguf_or_raise
+
+        local = str(gguf_model_dir(smollm2_gguf_or_raise(), progress=False))
     for a in attns:
         if a in ("sdpa", "eager"):
             hf = AutoModelForCausalLM.from_pretrained(local, attn_implementation=a, dtype=torch.float32)
@@ -276,6 +291,16 @@ def peak_rss(path: str, variant: str, P: int, n: int, device: str, env: dict | N
     return peak, extra
 
 
+CHAT = [{"role": "user", "content": "Explain in a few sentences why the sky is blue and why sunsets are red."}]
+
+
+def chat_ids(model: ModelHandle) -> list[int]:
+    """The SmolLM2 chat case's prompt: one user turn through the chat template (47 tokens)."""
+    from trajscope.chat import encode_prompt
+
+    return encode_prompt(model, CHAT)[0]
+
+
 def long_ids(model, P: int) -> list[int]:
     """P token ids of real text (the standard library's source, repeated as needed); ``model`` is a
     trajscope handle or a ``(model, tokenizer)`` baseline entry."""
@@ -298,6 +323,59 @@ def report(name: str, n: int, reps: int, res: dict) -> None:
         print(f"  {v:<17}{r['tokens_per_s']:>10.1f}{r['ratio']:>12.3f}   {r['paired_ratio']:.3f} [{lo:.3f}, {hi:.3f}]")
 
 
+def smollm2(args, out: dict) -> None:
+    """Issue 32's cases on SmolLM2-135M-Instruct: a chat prompt with 64 new tokens, P = 1,024 and 4,096 with
+    16 new tokens (generate, trace(reads), capture), and peak memory at P = 8,192 in fresh processes."""
+    variants = ("generate", "trace(reads)", "capture")
+    models = load_models("smollm2", args.device, ("rows", "sdpa"))
+    cases = [("chat", chat_ids(models["rows"]), 64)] * (not args.no_chat) + [(f"P = {P}", long_ids(models["rows"], P), 16)
+                                                        for P in args.smollm2_lengths]
+    for label, ids, n in cases:
+        reps = args.short_reps or args.reps if label == "chat" else args.reps
+        load = [os.getloadavg()[0]]
+        res = bench(models, ids, n, reps, variants)
+        load.append(os.getloadavg()[0])
+        for v in variants:  # what trajscope adds to its own trace: capture over trace(reads), per round
+            res[v].update({f"vs_trace_reads_{k}": val for k, val in paired(res[v]["times_s"],
+                                                                         res["trace(reads)"]["times_s"]).items()})
+        key = f"smollm2, {label}"
+        out[key] = {"new_tokens": n, "prompt_tokens": len(ids), "reps": reps, "load_average_1min": load, **res}
+        report(key, n, reps, res)
+        c = res["capture"]
+        print(f"  capture / trace(reads) per round: {c['vs_trace_reads_paired_ratio']:.3f} "
+              f"[{c['vs_trace_reads_paired_interval'][0]:.3f}, {c['vs_trace_reads_paired_interval'][1]:.3f}]")
+        write(out, args)
+    del models
+    if args.no_memory:
+        return
+    P = args.memory_length
+    runs = {v: [] for v in variants}
+    load = [os.getloadavg()[0]]
+    for _ in range(args.memory_reps):  # fresh processes, interleaved
+        for v in variants:
+            runs[v].append(peak_rss("smollm2", v, P, 16, args.device, FIXED_MMAP))
+            print(f"  peak RSS at P = {P}, {v}: {runs[v][-1][0]:.0f} MiB", flush=True)
+    load.append(os.getloadavg()[0])
+    mem = {v: statistics.median(r[0] for r in rs) for v, rs in runs.items()}
+    out[f"smollm2, memory at P = {P}"] = {
+        "new_tokens": 16, "prompt_tokens": P, "processes_per_variant": args.memory_reps,
+        "allocator": "glibc, mmap threshold fixed at 1 MiB (MALLOC_MMAP_THRESHOLD_) in every process",
+        "load_average_1min": load,
+        **{v: {"peak_rss_mib": mem[v], "memory_ratio": mem[v] / mem["generate"], "peak_rss_runs_mib": runs[v]}
+           for v in variants}}
+    print(f"  peak RSS at P = {P} (median of {args.memory_reps}): " + ", ".join(
+        f"{v} {mem[v]:.0f} MiB ({mem[v] / mem['generate']:.2f}×)" for v in variants))
+    write(out, args)
+
+
+def write(out: dict, args) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    suffix = ("" if args.device == "cpu" else "_" + args.device.replace(":", "")) + (f"_{args.only}" if args.only else "")
+    if args.smollm2:
+        suffix += "_smollm2" + ("_long" if args.no_chat else "")
+    (RESULTS / f"capture_overhead{suffix}.json").write_text(json.dumps(out, indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
@@ -309,12 +387,28 @@ def main() -> None:
                     help="run only the short- or long-context cases (written to capture_overhead_<only>.json)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     ap.add_argument("--memory-reps", type=int, default=5, help="fresh processes per variant for peak memory (median)")
+    ap.add_argument("--smollm2", action="store_true",
+                    help="issue 32's SmolLM2 cases instead (capture_overhead_smollm2.json)")
+    ap.add_argument("--smollm2-lengths", type=int, nargs="*", default=[1024, 4096], help="long prompts (SmolLM2)")
+    ap.add_argument("--no-chat", action="store_true",
+                    help="SmolLM2: the long prompts only (written to capture_overhead_smollm2_long.json)")
+    ap.add_argument("--memory-length", type=int, default=8176,
+                    help="prompt length of the SmolLM2 memory case (8,176 + 16 new tokens fill its 8,192 positions)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads in this process and the memory processes (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the fresh memory processes
     torch.set_grad_enabled(False)
     dev = args.device
     name = torch.cuda.get_device_name(0) if dev.startswith("cuda") else f"{platform.machine()}, {os.cpu_count()} CPUs"
     out: dict = {"machine": f"{name}, torch {torch.__version__}, {torch.get_num_threads()} threads",
                  "device": dev, "date": time.strftime("%Y-%m-%d %H:%M")}
+    if args.smollm2:
+        out["machine"] += "; shared with other work (load averages per case)"
+        smollm2(args, out)
+        return
     short = ("generate", "generate(eager)", "trace(empty)", "trace(reads)", "capture", "capture(eager)", "capture+resid", "capture+probe", "capture+sae")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)

@@ -56,19 +56,26 @@ def test_prefill_reduced_as_read_equals_the_raw_reads(tiny_models, window_model,
 
 
 def test_prefill_keeps_only_the_kept_layers_block_outputs(tiny_models, monkeypatch):
+    """Only the kept layers' block outputs and attention rows outlive their layer's reduction: neither the
+    loop nor the row sink (which lets go of each entry as it is taken) holds the others until the logits."""
     model = tiny_models["gpt2"]
+    assert model.attn_impl == "rows"  # the rows come from the sink
     alive_at_logits: list[int] = []
+    rows_alive: list[int] = []
     refs: list[weakref.ref] = []
+    row_refs: list[weakref.ref] = []
     real_generation = ModelHandle.generation
 
     def layer_fn(layer, P, a, r, opts):
         refs.append(weakref.ref(r))
+        row_refs.append(weakref.ref(a))
         return kernels.prefill_layer(layer, P, a, r, opts)
 
     def generation(self, ids, gen_kwargs, step_fn, *args, **kw):
         def counting_step_fn(step, *a, **k):
             if step == 0:
                 alive_at_logits.append(sum(ref() is not None for ref in refs))
+                rows_alive.append(sum(ref() is not None for ref in row_refs))
             return step_fn(step, *a, **k)
         return real_generation(self, ids, gen_kwargs, counting_step_fn, *args, **{**kw, "layer_fn": layer_fn})
 
@@ -77,4 +84,45 @@ def test_prefill_keeps_only_the_kept_layers_block_outputs(tiny_models, monkeypat
     assert len(refs) == model.n_layers and alive_at_logits
     # the loop's own variable may still hold the last layer's read; every other unkept layer is gone
     assert alive_at_logits[0] <= 1, alive_at_logits
+    assert len(row_refs) == model.n_layers and rows_alive[0] <= 1, rows_alive
     assert traj.residual(0).shape[0] == traj.prompt_len + 2
+
+
+def _planted(n: int, d: int, seed: int, dtype=torch.float32) -> torch.Tensor:
+    """A ``[n, d]`` block output with a sink: massive values at position 0, ties and both median parities."""
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randn(n, d, generator=g).round(decimals=2)  # rounding plants ties around the median
+    r[0, :3] = torch.tensor([25000.0, -3000.0, 150.0])
+    return r.to(dtype)
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (8, 6), (301, 64), (2, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pooled_median_abs_is_torch_median_and_the_stats_are_unchanged(shape, dtype):
+    """The prefill's massive-rule reference (NumPy's selection on the CPU) is exactly the lower median that
+    ``residual_stats(pooled=True)`` takes with ``torch.median``, checked against a full sort; the prefill
+    statistics computed with it equal the ones computed without it bit for bit."""
+    from trajscope.metrics.residual_stats import residual_stats
+
+    r = _planted(*shape, seed=shape[0], dtype=dtype)
+    flat = r.float().abs().reshape(-1)
+    med = kernels.pooled_median_abs(r)
+    assert med.dtype == torch.float32
+    assert float(med) == float(flat.sort().values[(flat.numel() - 1) // 2]) == float(flat.median())
+    assert torch.equal(residual_stats(r, median_abs=med, pooled=True), residual_stats(r, pooled=True))
+    # the rule counts something here, so a wrong reference would show in the stats
+    assert residual_stats(r, median_abs=med, pooled=True)[0, -1] > 0
+
+
+def test_pooled_median_abs_without_massive_values_or_with_nan():
+    from trajscope.metrics.residual_stats import residual_stats
+
+    quiet = torch.randn(16, 8)
+    assert kernels.pooled_median_abs(quiet) is None
+    assert torch.equal(residual_stats(quiet, median_abs=kernels.pooled_median_abs(quiet), pooled=True),
+                       residual_stats(quiet, pooled=True))
+    bad = _planted(16, 8, seed=3)
+    bad[2, 2] = float("nan")  # torch.median propagates NaN; the fast path must not hide it
+    assert torch.isnan(kernels.pooled_median_abs(bad))
+    assert torch.equal(residual_stats(bad, median_abs=kernels.pooled_median_abs(bad), pooled=True).nan_to_num(7.0),
+                       residual_stats(bad, pooled=True).nan_to_num(7.0))

@@ -96,6 +96,36 @@ def test_bootstrap_interval_brackets_the_mean_and_is_reproducible():
 # -- acceptance on tiny models -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_batch_to_layer_stops_after_the_layer_and_equals_forward_batch(tiny_models, family):
+    """The stopping forward reads exactly what the full padded forward reads, and no block after the
+    deepest harvested one, nor the unembedding, runs."""
+    from trajscope.model.forward import _blocks
+    from trajscope.studies.harvest import batch_to_layer
+
+    model = tiny_models[family]
+    seqs = [ids for _, ids in _prompts(model)]
+    hf = model.nn._module
+    blocks = _blocks(hf, model)
+    calls: list[str] = []
+    handles = [blocks[-1].register_forward_hook(lambda *a: calls.append("last block")),
+               hf.get_output_embeddings().register_forward_hook(lambda *a: calls.append("unembed"))]
+    try:
+        for side in ("left", "right"):
+            full = model.forward_batch(seqs, padding_side=side, layers=[0])
+            calls.clear()
+            got = batch_to_layer(model, seqs, [0], padding_side=side)
+            assert calls == [] and len(got) == len(seqs)
+            for fw, g in zip(full, got):
+                assert torch.equal(fw.resid[0], g[0]), (family, side)
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(blocks) > 1  # the test means something only when a block follows layer 0
+    with pytest.raises(TrajscopeError, match="at least one layer"):
+        batch_to_layer(model, seqs, [])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_batched_harvest_equals_batch_one_per_prompt(tiny_models, floors, family):
     model = tiny_models[family]
     prompts = _prompts(model)

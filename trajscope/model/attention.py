@@ -128,8 +128,14 @@ class RowSink:
         self.calls.append(QueryRow(self, layer, query[0], key.shape[2], scaling))
 
     def take(self, layer: int, now: bool = False) -> Any:
-        """This step's entry for ``layer``: ``[H, n, k]`` rows or a :class:`QueryRow` (its rows when ``now``)."""
+        """This step's entry for ``layer``: ``[H, n, k]`` rows or a :class:`QueryRow` (its rows when ``now``).
+
+        The sink lets go of the entry (its place stays, so later calls keep their layer index): at prefill
+        the trace reduces each layer's rows as it takes them, and holding every layer's ``[H, n, P]`` rows
+        until the step ends cost 280 MiB at P = 8,176 on SmolLM2 (30 layers, 9 heads, 32 rows; measured).
+        """
         entry = self.calls[layer]
+        self.calls[layer] = None
         return entry.rows() if now and isinstance(entry, QueryRow) else entry
 
     def clear(self) -> None:
