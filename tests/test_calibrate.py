@@ -63,7 +63,7 @@ def test_the_report_has_every_section_and_a_verdict_per_artefact(calibrated):
     for sec in SECTIONS:
         assert f"id='sec-{sec.key}'" in html
     kinds = {v["kind"] for v in cal.verdicts}
-    assert kinds == {"sae", "vector", "monitor"}
+    assert kinds == {"sae", "sae-ce", "vector", "monitor"}
     assert all(v["verdict"] in ("transfers", "degrades", "fails", "undecided") for v in cal.verdicts)
     assert not _fetched(html)  # opens offline: the page loads nothing
     assert (out / "prompts.jsonl").is_file() and (out / "summary.json").is_file()
@@ -119,6 +119,16 @@ def test_the_sae_rule(pre, dec, expect):
     s = {"fvu prefill m": dict(zip(("value", "lo", "hi", "seed_min", "seed_max"), pre)),
          "fvu decode m": dict(zip(("value", "lo", "hi"), dec))}
     (v,) = verdict.sae_verdicts(Result("sae-drift", summaries=s), "job")
+    assert v.verdict == expect
+
+
+@pytest.mark.parametrize("dec,expect", [((0.99, 0.985, 0.995), "transfers"), ((0.95, 0.93, 0.96), "degrades"),
+                                        ((0.6, 0.5, 0.7), "fails"), ((0.98, 0.96, 0.99), "undecided")])
+def test_the_sae_ce_rule(dec, expect):
+    s = {"ce recovered prefill m": {"value": 0.99, "lo": 0.98, "hi": 0.995},
+         "ce recovered decode m": dict(zip(("value", "lo", "hi"), dec)),
+         "ce recovered decode m − base": {"value": 0.0, "lo": -0.1, "hi": 0.1}}
+    (v,) = verdict.sae_ce_verdicts(Result("sae-bench", summaries=s), "job")
     assert v.verdict == expect
 
 

@@ -15,6 +15,10 @@ The rules, per artefact (``lo``/``hi``: the 95 % interval a study reports):
   to its seed range. Transfers when decode's FVU interval ends at or below the band's top; fails when its
   lower end is at or above 0.5 (less than half of decode's variance explained); degrades when it starts
   above the band's top (and below 0.5); otherwise undecided.
+- **SAE, CE loss recovered** (``sae-bench``, per SAE mix; regime *decode*): the same against the prefill
+  interval with higher better: transfers when decode's interval starts at or above the prefill band's
+  bottom; fails when its upper end is below 0.8; degrades when it lies wholly below the band; otherwise
+  undecided.
 - **Steering vector** (``steering``, per strength; regime *from step k*): the reference is the earliest start
   step's effect over the equal window. Transfers when step k's interval starts at or above the reference's
   lower end; fails when it reaches 0 (lower end ≤ 0: no effect detected); degrades when it lies wholly
@@ -37,9 +41,13 @@ from trajscope.studies.registry import Result
 
 AUROC_USEFUL = 0.7
 FVU_FAILS = 0.5
+CE_FAILS = 0.8
 RULES = {
     "sae": "decode FVU interval vs the prefill FVU interval widened to its seed range: at or below its top → "
            f"transfers; lower end ≥ {FVU_FAILS} → fails; wholly above its top → degrades; else undecided",
+    "sae-ce": "decode CE loss recovered (normalised by zero ablation) vs the prefill interval widened to its seed "
+              f"range: lower end at or above its bottom → transfers; upper end < {CE_FAILS} → fails; wholly below its "
+              "bottom → degrades; else undecided",
     "vector": "effect over the equal window from step k vs from the earliest start step: lower end at or above the "
               "reference's lower end → transfers; lower end ≤ 0 → fails; wholly below the reference's lower end → "
               "degrades; else undecided",
@@ -109,6 +117,33 @@ def sae_verdicts(result: Result, job: str) -> list[Verdict]:
     return out
 
 
+def sae_ce_verdicts(result: Result, job: str) -> list[Verdict]:
+    """One verdict per SAE mix of a ``sae-bench`` Result: decode CE loss recovered against prefill's."""
+    out = []
+    s = result.summaries
+    for key, pre in s.items():
+        if not key.startswith("ce recovered prefill ") or " − " in key or not isinstance(pre, dict):
+            continue
+        mix = key.removeprefix("ce recovered prefill ")
+        dec = s.get(f"ce recovered decode {mix}")
+        if not isinstance(dec, dict):
+            continue
+        bottoms = [v for v in (_f(pre.get("lo")), _f(pre.get("seed_min"))) if v is not None]
+        lo, hi = _f(dec.get("lo")), _f(dec.get("hi"))
+        if not bottoms or lo is None or hi is None:
+            verdict = "undecided"
+        else:
+            bottom = min(bottoms)
+            verdict = ("transfers" if lo >= bottom else "fails" if hi < CE_FAILS else "degrades" if hi < bottom
+                       else "undecided")
+        band = f"[{fmt(min(bottoms) if bottoms else None)}, {fmt(pre.get('hi'))}]"
+        rows = f", {dec.get('rows')}" if dec.get("rows") else ""
+        ev = (f"CE recovered decode {interval(dec.get('value'), lo, hi)} (n = {dec.get('n')} rows, "
+              f"{dec.get('n_files')} files{rows}) vs prefill band {band}")
+        out.append(Verdict("sae-ce", mix, "decode", verdict, ev, "sae", job))
+    return out
+
+
 def vector_verdicts(result: Result, job: str, artefact: str) -> list[Verdict]:
     """One verdict per (strength, start step after the earliest) of a ``steering`` Result."""
     rows = [r for r in (result.summaries.get("effect") or []) if isinstance(r, dict)]
@@ -165,6 +200,8 @@ def verdicts(results: Sequence[tuple[str, str, str, Result]]) -> list[Verdict]:
     for study, job, label, result in results:
         if study == "sae-drift":
             out += sae_verdicts(result, job)
+        elif study == "sae-bench":
+            out += sae_ce_verdicts(result, job)
         elif study == "steering":
             out += vector_verdicts(result, job, label or pathlib.PurePath(str(result.config.get("vector") or "vector")).stem)
         elif study == "monitor":
