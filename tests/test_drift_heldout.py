@@ -297,3 +297,15 @@ def test_trajectory_calibration_reports_the_exact_conformal_rate():
     assert out["rates"]["held, any flagged cell"]["k"] == 3  # every statistic above 1
     out = dr.trajectory_calibration(stats(np.arange(19.0)), {"held": stats(np.array([1.0]))}, 0.1)
     assert out["threshold"] == 17.0 and out["expected_rate"] == pytest.approx(0.1)  # (n+1)·target = 2
+
+
+def test_a_profile_split_by_file_only_holds_out_the_other_files():
+    """`trajscope prepare` records ``split_groups`` (files per part) and no prompt ids; evaluate = other files."""
+    from types import SimpleNamespace
+
+    from trajscope.studies.drift.study import held_out_split
+
+    prof = SimpleNamespace(info={"split_groups": {"fit": ["a.jsonl"], "calibrate": ["b.jsonl"], "evaluate": ["c.jsonl"]}})
+    out = held_out_split(prof, ["a.jsonl#0", "b.jsonl#1", "c.jsonl#2", "d.jsonl#3"], "p")
+    assert out["evaluate"] == ["c.jsonl#2", "d.jsonl#3"] and out["calibrate"] == []
+    assert out["files"]["fit"] == ["a.jsonl"] and out["files"]["calibrate"] == ["b.jsonl"]

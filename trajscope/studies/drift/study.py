@@ -94,7 +94,8 @@ def held_out_split(prof: Any, ids: list[str], profile_path: str | None, files: S
 
     Args:
         prof: the profile (its ``info["split"]`` names the fit and calibrate prompts, and, when built by
-            :func:`~trajscope.studies.drift.build.named_split`, their files).
+            :func:`~trajscope.studies.drift.build.named_split`, their files; a profile from ``trajscope prepare``
+            records only its files, ``info["split_groups"]``).
         ids: the prompt set's ids; ``files``: their source files (default: the id's file prefix).
     Returns:
         The split with ``evaluate`` = prompts whose file supplied no fit or calibrate prompt, ``files`` per part
@@ -103,13 +104,16 @@ def held_out_split(prof: Any, ids: list[str], profile_path: str | None, files: S
     from trajscope.studies.drift.build import check_file_disjoint, file_of
 
     split = prof.info.get("split")
-    if split is None:
+    groups = prof.info.get("split_groups")
+    if split is None and isinstance(groups, dict):  # `trajscope prepare` records its split by file only
+        split = {"fit": [], "calibrate": []}
+    elif split is None:
         raise TrajscopeError(f"The profile '{profile_path}' records no fit/calibrate split, so held-out prompts "
                              f"cannot be told apart; rebuild it with `trajscope profile`.")
     where = {**{i: file_of(i) for i in [*split["fit"], *split["calibrate"]]}, **dict(split.get("file_of") or {}),
              **dict(zip(ids, files if files is not None else [file_of(i) for i in ids]))}
-    fit_files = {where[i] for i in split["fit"]}
-    cal_files = {where[i] for i in split["calibrate"]}
+    fit_files = {where[i] for i in split["fit"]} | set((groups or {}).get("fit", []))
+    cal_files = {where[i] for i in split["calibrate"]} | set((groups or {}).get("calibrate", []))
     seen = set(split["fit"]) | set(split["calibrate"])
     out = dict(split, calibrate=[i for i in split["calibrate"] if i in set(ids)],
                evaluate=sorted(i for i in ids if i not in seen and where[i] not in fit_files | cal_files))
