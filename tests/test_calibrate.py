@@ -28,7 +28,7 @@ TINY = {
     "sae-drift": {"max_new_tokens": 6, "n_boot": 50, "n_null": 10, "max_prompts": 4, "max_tokens": 32},
     "sae-bench": {"max_per_file": 1, "max_prompt_tokens": 32, "new_tokens": 4, "ks": (1,), "n_boot": 50},
     "steering": {"depths": (1, 3), "window": 2, "max_prompts": 3, "max_tokens": 24},
-    "monitor": {"n_boot": 50, "new_tokens": 8, "fpr": 0.25, "strengths": (0.0, 4.0), "start_step": 3,
+    "monitor": {"n_boot": 50, "new_tokens": 8, "fpr": 0.25, "strengths": (0.0, 4.0), "start_step": 3, "shifts": ("steer",), "forced_tokens": 2,
                 "max_prompts": 16, "max_tokens": 24},
     "eviction": {"max_new_tokens": 4, "policies": ("snapkv",), "budgets": (0.5,), "window": 4, "max_prompts": 3,
                  "max_tokens": 40},
@@ -96,13 +96,12 @@ def test_each_section_is_its_studies_own_and_equals_the_study_run_alone(calibrat
 
 def test_verdict_evidence_is_the_tables_numbers(calibrated):
     cal, out = calibrated
-    monitor = Result.load(out / "studies" / "monitor", "monitor").table("monitor_summary")
+    arms = Result.load(out / "studies" / "monitor", "monitor").table("monitor_vs_null")
     rows = [v for v in cal.verdicts if v["kind"] == "monitor"]
-    assert rows
+    assert rows and len(rows) == arms.height
     for v in rows:
-        r = monitor.filter((monitor["monitor"] == v["artefact"]) & (monitor["measure"] == "AUROC")
-                           & (monitor["shift"] == v["regime"])).row(0, named=True)
-        assert v["evidence"].startswith(f"AUROC {verdict.interval(r['value'], r['lo'], r['hi'])}")
+        r = arms.filter((arms["monitor"] == v["artefact"]) & (arms["label"] == v["regime"])).row(0, named=True)
+        assert v["evidence"].startswith(f"AUROC vs {r['null']} {verdict.interval(r['value'], r['lo'], r['hi'])}")
     sae = json.loads((out / "studies" / "sae-drift" / "sae-drift.result.json").read_text())["summaries"]
     for v in (v for v in cal.verdicts if v["kind"] == "sae"):
         d = sae[f"fvu decode {v['artefact']}"]
@@ -147,10 +146,13 @@ def test_the_vector_rule(k, expect):
 def test_the_monitor_rule(auroc, fpr_lo, expect):
     import polars as pl
 
-    t = pl.DataFrame([{"monitor": "m", "shift": "s=1", "strength": 1.0, "measure": "AUROC", "value": auroc[0],
-                       "lo": auroc[1], "hi": auroc[2], "n_prompts": 9, "fpr_target": 0.05, "fpr_heldout": fpr_lo,
+    t = pl.DataFrame([{"monitor": "m", "shift": "steer", "strength": 0.0, "measure": "AUROC", "value": 0.5,
+                       "lo": 0.4, "hi": 0.6, "n_prompts": 9, "fpr_target": 0.05, "fpr_heldout": fpr_lo,
                        "fpr_heldout_lo": fpr_lo, "fpr_heldout_hi": 0.3}])
-    (v,) = verdict.monitor_verdicts(Result("monitor", tables={"monitor_summary": t}), "job")
+    arm = pl.DataFrame([{"shift": "steer", "label": "steer s=1", "strength": 1.0, "monitor": "m", "null": "steer s=0",
+                         "n_prompts": 9, "value": auroc[0], "lo": auroc[1], "hi": auroc[2]}])
+    (v,) = verdict.monitor_verdicts(Result("monitor", tables={"monitor_summary": t, "monitor_vs_null": arm}), "job")
+    assert v.regime == "steer s=1"
     assert v.verdict == expect
 
 

@@ -94,13 +94,14 @@ def calibrate(model: str | Any = "smollm2", out: str | pathlib.Path = "calibrati
     inputs = resolve(handle, prompts, saes, vectors, profile, model_name=name)
     if budget_minutes is not None and budget_minutes <= 0:
         raise TrajscopeError(f"--budget must be a positive number of minutes, not {budget_minutes:g}.")
-    planned = _with_settings(jobs(inputs, quick=quick), settings or {})
+    planned = jobs(inputs, quick=quick)
     if only:
         known = {j.study for j in planned}
         unknown = sorted(set(only) - known)
         if unknown:
             raise TrajscopeError(f"--only names '{unknown[0]}'; the report's studies are {', '.join(sorted(known))}.")
         planned = [j for j in planned if j.study in set(only)]
+    planned = _with_settings(planned, settings or {})
     folder = pathlib.Path(out)
     try:
         folder.mkdir(parents=True, exist_ok=True)
