@@ -226,3 +226,13 @@ def test_the_cli_says_one_sentence(tmp_path):
     assert main(["calibrate", "--model", "sample", "--prompts", str(empty), "--out", str(tmp_path / "o")]) == 2
     assert main(["calibrate", "--model", "sample", "--set", "steering.depths", "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o").exists()
+
+
+def test_a_spent_budget_starts_no_further_study_and_the_page_says_so(tmp_path):
+    cal = calibrate("sample", tmp_path / "b", settings=TINY, only=("drift", "steering"), budget_minutes=1e-4,
+                    threads=1)
+    assert [(s.job.study, s.state) for s in cal.states] == [("drift", "done"), ("steering", "budget")]
+    html = cal.report.read_text(encoding="utf-8")
+    assert "steering</b> not run: the budget of" in html
+    status = json.loads((tmp_path / "b" / "calibration.json").read_text())
+    assert [j["state"] for j in status["jobs"]] == ["done", "budget"]
