@@ -14,6 +14,15 @@ start depth k, compared with the unsteered base run from the same prompt:
 
 The decay of these effects with start depth is the steering study's summary
 (:func:`trajscope.studies.steering.summary.decay_summary`).
+
+What a steered *text* does (the steering-success study, :mod:`trajscope.studies.steering_success`):
+
+- the language criterion, from the text alone: French and English function words counted by
+  :func:`language_counts`; the behaviour score :func:`french_score` = (fr − en) / max(1, fr + en);
+  success :func:`is_french` = at least :data:`MIN_FRENCH_WORDS` French words and more French than
+  English ones; or, for a vector planted toward tokens, :func:`token_share` (:func:`behaviour`);
+- fluency: :func:`mean_nll`, the mean NLL per token of a text under teacher-forced logits (of the
+  unsteered model), whose exponential is its perplexity.
 """
 
 from __future__ import annotations
@@ -76,3 +85,72 @@ def step_effects(base_logits: torch.Tensor, steered_logits: torch.Tensor, resid_
         "target_logit_delta": delta, "projection": proj, "projection_base": proj_base,
         "token_changed": pl.Series(changed, dtype=pl.Boolean),
     }).with_columns(pl.col("target_logit_delta").fill_nan(None))
+
+
+# -- behaviour and fluency of a steered text (the steering-success study) ------------------------------------------
+
+#: French function words of the language criterion (closed-class words, so topic words never count).
+FRENCH_WORDS = frozenset(
+    "le la les un une des du de et est sont je tu il elle nous vous ils elles que qui dans pour pas avec sur au "
+    "aux ce cette ces mais ou donc très plus être avoir fait peut votre nos leur comme aussi bien".split())
+#: English function words of the criterion.
+ENGLISH_WORDS = frozenset(
+    "the a an and is are i you he she we they that which in for not with on to this these but or so very more be "
+    "have it its can your our their as also well of".split())
+#: A text is French when it holds at least this many French function words (and more French than English ones).
+MIN_FRENCH_WORDS = 3
+
+
+def language_counts(text: str) -> tuple[int, int]:
+    """(French, English) function-word counts of ``text``: lower-cased word tokens, an elided article
+    (``l'huile``) counted as its word after the apostrophe."""
+    import re
+
+    words = [w.split("'")[-1] for w in re.findall(r"[a-zàâçéèêëîïôûùüÿœ']+", text.lower().replace("’", "'"))]
+    return sum(w in FRENCH_WORDS for w in words), sum(w in ENGLISH_WORDS for w in words)
+
+
+def french_score(text: str) -> float:
+    """The behaviour score: ``(fr − en) / max(1, fr + en)`` over function words, in [−1, 1]
+    (−1 all English, +1 all French, 0 for a text with neither)."""
+    fr, en = language_counts(text)
+    return (fr - en) / max(1, fr + en)
+
+
+def is_french(text: str) -> bool:
+    """The success criterion: at least :data:`MIN_FRENCH_WORDS` French function words and more French than
+    English ones."""
+    fr, en = language_counts(text)
+    return fr >= MIN_FRENCH_WORDS and fr > en
+
+
+def token_share(token_ids: list[int], targets: list[int]) -> float:
+    """Share of ``token_ids`` that are one of ``targets`` (0.0 for no tokens): the behaviour score of a
+    vector planted toward tokens."""
+    return sum(t in set(targets) for t in token_ids) / len(token_ids) if token_ids else 0.0
+
+
+def behaviour(text: str, token_ids: list[int], targets: list[int] | None = None) -> tuple[float, bool]:
+    """``(score, success)`` of a generated text under the study's criterion.
+
+    Without ``targets`` the criterion is the language one (:func:`french_score`, :func:`is_french`); with
+    ``targets`` the score is :func:`token_share` and success is a share of at least one half.
+    """
+    if targets:
+        share = token_share(token_ids, targets)
+        return share, share >= 0.5
+    return french_score(text), is_french(text)
+
+
+def mean_nll(logits: torch.Tensor, targets: list[int]) -> float:
+    """Mean negative log-likelihood (nats/token) of ``targets`` under teacher-forced ``logits``; its exponential is
+    the perplexity.
+
+    Args:
+        logits: ``[n, vocab]``, row i the next-token logits that predict ``targets[i]``.
+        targets: n ≥ 1 token ids.
+    """
+    if len(targets) < 1 or logits.shape[0] != len(targets):
+        raise ValueError(f"{logits.shape[0]} logit rows for {len(targets)} targets")
+    lp = torch.log_softmax(logits.double(), -1)
+    return float(-lp.gather(-1, torch.tensor(list(targets))[:, None]).mean())
