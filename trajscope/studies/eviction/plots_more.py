@@ -26,7 +26,7 @@ SPLIT_CAPTION = ("Per-step vs accumulated, this run: KL(p_full ‖ p_arm) of the
                  "decode step, teacher-forced on the full run's tokens. Per-step (green): only that step's query "
                  "sees the evicted prompt, its history was computed with every key. Accumulated (purple): every "
                  "decode query sees the evicted prompt, so the history carries the damage too. The gap is the "
-                 "damage carried by generated tokens. Thin steps: depth-band means.")
+                 "damage carried by generated tokens. Pale bars: depth-band means (one run: no interval).")
 NEEDLE_CAPTION = ("Passkey retrieval accuracy shipped with this model (the needle study on its own passkey "
                   "prompts, not this run): share of prompts whose greedy answer gives the key, by kept share of the "
                   "prompt, with 95% Wilson intervals over prompts; 'full' is the uncompressed cache.")
