@@ -192,7 +192,8 @@ def accuracy_table(answers: pl.DataFrame, level: float = 0.95, by: Sequence[str]
         row = {**dict(zip(by, key)), "accuracy": iv.estimate, "lo": iv.lo, "hi": iv.hi, "n": n,
                "mean_kept_tokens": float(g["budget_tokens"].mean())}
         if "key_kept" in g.columns:
-            row["mean_key_kept"] = float(g["key_kept"].mean())
+            mean = g["key_kept"].mean()
+            row["mean_key_kept"] = float("nan") if mean is None else float(mean)
         out.append(row)
     return pl.DataFrame(out).sort(list(by))
 

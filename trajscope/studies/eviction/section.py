@@ -123,7 +123,7 @@ def needle_section(result: Result) -> tuple[str, str, list]:
     has_key = "mean_key_kept" in acc.columns
     rows = [[html_text(r["policy"]), f"{r['budget']:g}", f"{r['mean_kept_tokens']:.0f}",
              html_text(format_interval(r["accuracy"], r["lo"], r["hi"], n_clusters=r["n"])), str(r["n"])]
-            + ([f"{r['mean_key_kept']:.2f}"] if has_key else [])
+            + (["—" if r['mean_key_kept'] != r['mean_key_kept'] else f"{r['mean_key_kept']:.2f}"] if has_key else [])
             for r in acc.iter_rows(named=True)]
     note = (f"Passkey prompts of about {cfg.get('context', '?')} tokens, the key at depths "
             f"{html_text(', '.join(map(str, cfg.get('depths', []))) or '?')}; an answer is correct when its first run "
