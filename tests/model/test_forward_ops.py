@@ -197,3 +197,15 @@ def test_forward_returns_attention_rows_of_the_last_queries(tiny_models, tiny_ea
         assert got[layer].shape == (4, 3, len(ids))
         torch.testing.assert_close(got[layer], eager[layer][0, :, -3:].float(), atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(ref[layer], got[layer], atol=1e-5, rtol=1e-4)
+
+
+def test_forward_rows_sum_is_the_sum_of_every_query_row_as_hf_computes_it(tiny_models):
+    """H2O's accumulated attention: ``rows_sum`` equals HF eager attention summed over every query."""
+    model = tiny_models["llama"]
+    ids = model.encode(PROMPT)
+    got = model.forward(ids, attention_rows=len(ids), rows_sum=True).attn
+    with torch.no_grad():
+        eager = hf_reference(model)(torch.tensor([ids]), output_attentions=True).attentions
+    for layer in range(model.n_layers):
+        assert got[layer].shape == (model.n_heads, 1, len(ids))
+        torch.testing.assert_close(got[layer][:, 0], eager[layer][0].float().sum(1), atol=1e-5, rtol=1e-4)

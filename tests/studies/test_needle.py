@@ -38,6 +38,9 @@ def test_full_budget_answers_equal_the_full_cache(tiny_models):
     full = ans.filter(pl.col("policy") == "full").select("run_id", pl.col("answer").alias("full"))
     at_one = ans.filter((pl.col("budget") == 1.0) & (pl.col("policy") != "full")).join(full, on="run_id")
     assert (at_one["answer"] == at_one["full"]).all()
+    for p, got in zip(ps, full["full"]):  # the full answer is Hugging Face's greedy generation (independent)
+        ref = model.generate_ids(p["ids"], max_new_tokens=4, stop_at_eos=False)[len(p["ids"]):]
+        assert got == model.tokenizer.decode(ref, skip_special_tokens=True).strip()
     small = ans.filter(pl.col("budget") == 0.25).join(full, on="run_id")
     assert (small["answer"] != small["full"]).any()  # evicting three quarters changes some answer
     table = nd.accuracy_table(ans.with_columns(correct=pl.col("run_id") == "needle0"))
@@ -77,3 +80,37 @@ def test_heldout_perplexity_equals_the_full_model_at_budget_one(tiny_models):
     assert full == pytest.approx(float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[48:]))), rel=1e-6)
     assert (out.filter(pl.col("budget") == 1.0)["nll"] == full).all()
     assert (out.filter(pl.col("budget") == 0.3)["nll"] != full).all() and math.isfinite(out["nll"].max())
+
+
+def test_key_positions_cover_both_occurrences_and_key_kept_reads_the_kept_mask(tiny_models):
+    import torch
+
+    from trajscope.metrics import eviction as ev
+
+    model = tiny_models["llama"]
+    p = nd.needle_prompts(model, 1, 160, [0.5], seed=1)[0]
+    kpos = p["key_pos"]
+    text = "".join(model.tokenizer.decode([p["ids"][i]]) for i in kpos)
+    assert text.count(p["key"]) == 2  # the key tokens hold both occurrences …
+    assert sum(c.isdigit() for c in text) <= 2 * len(p["key"]) + 2  # … and little else
+    ans = nd.needle_study(model, [p], policies=["snapkv", "streamingllm", "h2o_rolling"], budgets=[0.25, 1.0],
+                          window=8, lookahead=4, answer_tokens=3)
+    assert (ans.filter(pl.col("budget") == 1.0)["key_kept"] == 1.0).all()
+    # independent recount for SnapKV: its kept mask at the passkey tokens
+    pre = model.forward(p["ids"], return_cache=True, attention_rows=8)
+    sel = ev.select("snapkv", torch.stack([pre.attn[i] for i in sorted(pre.attn)]), 0.25, window=8)
+    want = sel.mask[:, :, kpos].float().mean().item()
+    got = ans.filter((pl.col("policy") == "snapkv") & (pl.col("budget") == 0.25))["key_kept"][0]
+    assert got == pytest.approx(want) and 0 <= got < 1
+    # StreamingLLM keeps 4 sinks and the newest tokens: a passkey in the middle is gone
+    assert ans.filter((pl.col("policy") == "streamingllm") & (pl.col("budget") == 0.25))["key_kept"][0] == 0.0
+    assert "mean_key_kept" in nd.accuracy_table(ans).columns
+
+
+def test_quick_presets_are_valid_configs():
+    from trajscope.studies.registry import studies
+
+    for name in ("eviction", "needle"):
+        study = studies()[name]
+        cfg = study.config(**study.quick)  # the config checks itself: one sentence on a bad override
+        assert all(getattr(cfg, k) == v for k, v in study.quick.items())

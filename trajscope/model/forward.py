@@ -143,7 +143,7 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
             layers: Sequence[int] = (), splice: tuple[int, Callable] | None = None,
             key_mask: torch.Tensor | None = None, mask_from: int | None = None, past: Any = None,
             return_cache: bool = False, attention_rows: int = 0, rows_unmasked: bool = False,
-            _inplace: bool = False) -> ForwardResult:
+            rows_sum: bool = False, _inplace: bool = False) -> ForwardResult:
     """Teacher-forced forward over ``token_ids`` (no cache unless ``past`` / ``return_cache``).
 
     Args:
@@ -160,6 +160,8 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
             (needs a model whose attention can be read: ``attn="rows"`` or ``"eager"``).
         rows_unmasked: those rows see every causal key although the key mask hides some from the forward
             itself (``attn="rows"`` only): a query computed under eviction, scored against the full prompt.
+        rows_sum: return each layer's rows summed over those queries, ``[H, 1, K]`` (H2O's accumulated
+            attention), reduced layer by layer so ``attention_rows=T`` never holds every layer's ``[H, T, T]``.
     Returns:
         :class:`ForwardResult`: ``logits [T, vocab]``, ``resid {layer: [T, d_model]}``.
     """
@@ -194,7 +196,7 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
         stack.enter_context(_hooks(model, hf, steer=steer, steps=steps, layers=wanted, splice=splice, masks=masks,
                                    grabbed=grabbed))
         if n_rows:
-            stack.enter_context(_row_hooks(model, hf, n_rows, rows))
+            stack.enter_context(_row_hooks(model, hf, n_rows, rows, summed=rows_sum))
             if rows_unmasked:
                 from trajscope.model.attention import unmasked_rows
 
@@ -206,9 +208,11 @@ def forward(model: Any, token_ids: Sequence[int], *, prompt_len: int | None = No
 
 
 @contextlib.contextmanager
-def _row_hooks(model: Any, hf: torch.nn.Module, n: int, rows: dict, *, batched: bool = False) -> Iterator[None]:
+def _row_hooks(model: Any, hf: torch.nn.Module, n: int, rows: dict, *, batched: bool = False,
+               summed: bool = False) -> Iterator[None]:
     """Collect each layer's attention rows of the last ``n`` queries (``attn.output[1]``) for one call:
-    ``[H, n, K]`` per layer, or ``[B, H, n, K]`` with ``batched`` (a padded batch)."""
+    ``[H, n, K]`` per layer, or ``[B, H, n, K]`` with ``batched`` (a padded batch); with ``summed``, their sum
+    over the queries, ``[H, 1, K]``."""
     from trajscope.model.attention import prefill_rows
 
     handles = []
@@ -217,7 +221,8 @@ def _row_hooks(model: Any, hf: torch.nn.Module, n: int, rows: dict, *, batched: 
             def hook(_m, _i, out, layer=layer):
                 w = out[1] if isinstance(out, tuple) and len(out) > 1 else None
                 if w is not None:
-                    rows[layer] = (w if batched else w[0])[..., -n:, :].detach().float().cpu()
+                    got = (w if batched else w[0])[..., -n:, :].detach().float()
+                    rows[layer] = (got.sum(-2, keepdim=True) if summed else got).cpu()
 
             handles.append(get_path(block, model.family.attn).register_forward_hook(hook))
         with prefill_rows(hf.config, n):

@@ -206,12 +206,14 @@ class ModelHandle:
     def forward(self, token_ids: Sequence[int], *, prompt_len: int | None = None, steering: Sequence[Any] = (),
                 layers: Sequence[int] = (), splice: tuple[int, Callable] | None = None,
                 key_mask: torch.Tensor | None = None, mask_from: int | None = None, past: Any = None,
-                return_cache: bool = False, attention_rows: int = 0, rows_unmasked: bool = False) -> ForwardResult:
+                return_cache: bool = False, attention_rows: int = 0, rows_unmasked: bool = False,
+                rows_sum: bool = False) -> ForwardResult:
         """Teacher-forced forward over known tokens; see :func:`trajscope.model.forward.forward`."""
         with self.lock:
             return fw.forward(self, token_ids, prompt_len=prompt_len, steering=steering, layers=layers,
                               splice=splice, key_mask=key_mask, mask_from=mask_from, past=past,
-                              return_cache=return_cache, attention_rows=attention_rows, rows_unmasked=rows_unmasked)
+                              return_cache=return_cache, attention_rows=attention_rows, rows_unmasked=rows_unmasked,
+                              rows_sum=rows_sum)
 
     def read_residuals(self, prompts: Sequence[str | Sequence[int]], layer: int, position: int = -1) -> torch.Tensor:
         """Block ``layer``'s output at ``position`` of each prompt: ``[n_prompts, d_model]`` float32."""

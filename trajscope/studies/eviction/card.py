@@ -8,7 +8,10 @@ function on this run's prompt with the app's model, off the event loop, and the 
 the :class:`~trajscope.studies.registry.Result` it returns (its summaries for the headline line). The card then shows which prompt positions each layer and head keeps,
 per decode step the recall of the decode-time top attended prompt keys in the kept set and
 the attention mass on evicted keys, and the real masked re-run's KL and greedy token
-agreement against the full cache, with the app's step as a red line. The study has no
+agreement against the full cache, with the app's step as a red line; then the per-step vs accumulated split
+of this run's damage (both arms per step, their depth-band means and intervals), and passkey retrieval: the
+model's shipped needle table by policy and budget when it has one, and, when this prompt hides a passkey, each
+needle policy's masked answer at the card's budget and whether it retrieves the key. The study has no
 cancel point inside one prompt (a run of the sample model takes about a second), so the
 card has no Stop; a result that arrives after the run on screen changed is dropped.
 """
@@ -21,7 +24,8 @@ import param
 
 from trajscope.escaping import html_text, md_text
 from trajscope.studies.eviction import plots as ep
-from trajscope.studies.eviction.state import LABELS, EvictionSettings, run_study
+from trajscope.studies.eviction import plots_more as pm
+from trajscope.studies.eviction.state import LABELS, EvictionSettings, passkey_of, run_study, shipped_needle
 from trajscope.ui.views._base import StateView, any_of, in_background
 from trajscope.ui.views._cursor import Cursor, vline
 
@@ -29,6 +33,17 @@ NOTE = ("The study captures its own greedy run of this prompt (as many steps as 
         "attention, chooses the kept prompt keys after prefill, then re-runs decode with the evicted keys masked "
         "out of attention in the real model. Budget = kept prompt positions per head (fraction of the prompt, "
         "window included). Recall@k = share of a decode step's top-k attended prompt positions that were kept.")
+
+
+CAPTION = {"font-size": "12px", "color": "#555"}
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    """A small HTML table; every cell escaped."""
+    th = "".join(f"<th style='text-align:left;padding:2px 8px'>{html_text(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td style='padding:2px 8px'>{html_text(c)}</td>" for c in r) + "</tr>"
+                   for r in rows)
+    return f"<table style='font-size:12px;border-collapse:collapse'><tr>{th}</tr>{body}</table>"
 
 
 class EvictionView(StateView):
@@ -126,7 +141,46 @@ class EvictionView(StateView):
                  pn.pane.HoloViews(self._cursor("costs", ep.step_costs_plot(result, toks, P)), **opts),
                  pn.pane.HoloViews(self._cursor("rerun", ep.rerun_plot(result, toks, P)), **opts)]
         self._panes = panes[1:]
+        if "eviction_split" in result.tables:
+            panes += [pn.pane.Markdown(pm.SPLIT_CAPTION, styles=CAPTION, css_classes=["ts-ev-split-caption"]),
+                      pn.pane.HoloViews(self._cursor("split", pm.split_plot(result)), **opts),
+                      pn.pane.HTML(_table(["depth band", "per-step KL", "accumulated KL", "carried (paired)"],
+                                          pm.split_rows(result)), css_classes=["ts-ev-split"])]
+            self._panes.append(panes[-2])
+        if "needle_answers" in result.tables:
+            pk = result.config.get("passkey", {})
+            notes = "".join(f"<br>{html_text(n)}" for n in pk.get("notes", []))
+            panes += [pn.pane.HTML(
+                f"<b>This prompt hides pass key {html_text(pk.get('key', '?'))}</b>: each policy's greedy answer "
+                f"with the evicted keys masked, at budget {html_text(result.config['budgets'][0])}.{notes}"
+                + _table(["policy", "budget", "kept tokens", "answer", "retrieves the key"],
+                         pm.passkey_rows(result.table("needle_answers"))),
+                css_classes=["ts-ev-passkey"])]
         return pn.Column(*panes, sizing_mode="stretch_width")
+
+    def _retrieval(self, _revision=None):
+        """The model's shipped needle table (plot), and a hint when this prompt hides a passkey."""
+        traj = self.state.trajectory
+        model_id = None if traj is None else traj.meta.get("model", {}).get("model_id")
+        table = shipped_needle(model_id)
+        parts = []
+        if table is not None:
+            parts += [pn.pane.Markdown(pm.NEEDLE_CAPTION, styles=CAPTION, css_classes=["ts-ev-needle-caption"]),
+                      pn.pane.HoloViews(pm.needle_plot(table, model_id), sizing_mode="stretch_width",
+                                        css_classes=["ts-ev-needle"])]
+        else:
+            parts.append(pn.pane.Markdown(f"Passkey retrieval: {md_text(model_id or 'this model')} ships no needle "
+                                          "table (`trajscope study needle` writes one).", styles=CAPTION,
+                                          css_classes=["ts-ev-needle-caption"]))
+        if traj is not None and passkey_of(self._prompt_text(traj)):
+            parts.append(pn.pane.Markdown("This prompt hides a pass key: **Run** also answers it under every "
+                                          "needle policy at the chosen budget.", styles=CAPTION))
+        return pn.Column(*parts, sizing_mode="stretch_width")
+
+    @staticmethod
+    def _prompt_text(traj) -> str:
+        toks = traj.tokens
+        return "".join(toks.filter(toks["pos"] < traj.prompt_len)["text"].to_list())
 
     def __panel__(self):
         s = self.settings
@@ -145,4 +199,5 @@ class EvictionView(StateView):
             pn.Row(policy, budget, window, run_btn, busy),
             pn.pane.Str(pn.bind(html_text, s.param.status), css_classes=["ts-ev-status"]),
             pn.pane.Markdown(pn.bind(md_text, s.param.summary), css_classes=["ts-ev-summary"]),
-            pn.bind(self._plots, s.param.result), sizing_mode="stretch_width")
+            pn.bind(self._plots, s.param.result), pn.bind(self._retrieval, self.state.param.revision),
+            sizing_mode="stretch_width")

@@ -14,8 +14,14 @@ For each prompt the prefill runs once (:func:`needle_study`); each policy × bud
 that prefill with the evicted prompt keys hidden from every decode query (the model boundary's key mask, from a
 shared prefill: :meth:`~trajscope.model.ModelHandle.decode_on_cache`). The full cache's answer is the reference;
 at budget 1.0 every policy keeps every key, so its answers equal the full model's exactly. H2O and the oracle are
-not offered here: H2O needs every prefill query's row (``P²`` per head, 4.5 GB at 2k on SmolLM2) and the oracle
-a full decode per prompt.
+not offered here: static H2O is the rolling one's first cut, and the oracle needs a full decode per prompt.
+``streamingllm_rolling`` and ``h2o_rolling`` hold the whole cache at the budget during decode
+(:mod:`trajscope.studies.eviction.rolling`); H2O's prompt scores are every prefill query's row summed layer by
+layer (``rows_sum``), never the ``P²`` rows of every layer at once.
+
+Each answer row also says how much of the passkey the policy kept: ``key_kept`` is the share of (layer, head,
+passkey token) triples whose key stays after prefill's cut (the passkey's tokens are both of its occurrences in
+the needle sentence, :func:`key_positions`).
 
 :func:`heldout_perplexity` is the other measure the field reports: held-out text whose first P tokens are the
 compressed prompt and whose rest is teacher-forced under the key mask (mean NLL per token; budget 1.0 equals the
@@ -40,7 +46,8 @@ from trajscope.errors import TrajscopeError
 from trajscope.metrics import eviction as ev
 from trajscope.studies.eviction import queries as eq
 
-POLICIES = ("snapkv", "pyramidkv", "streamingllm", "lookahead", "pseudo")
+STATIC = ("snapkv", "pyramidkv", "streamingllm", "lookahead", "pseudo")
+POLICIES = STATIC + ("streamingllm_rolling", "h2o_rolling")
 QUESTION = "What is the pass key? Answer with the number only."
 
 
@@ -74,8 +81,24 @@ def needle_prompts(model: Any, n: int, context: int, depths: Sequence[float], se
         start = rng.randrange(0, len(filler) - body)
         text = tok.decode(filler[start:start + body])
         ids = _render(tok, text, depth, key)
-        out.append({"id": f"needle{i}", "ids": ids, "key": key, "depth": depth, "offset": start})
+        out.append({"id": f"needle{i}", "ids": ids, "key": key, "depth": depth, "offset": start,
+                    "key_pos": key_positions(tok, ids, key)})
     return out
+
+
+def key_positions(tok: Any, ids: Sequence[int], key: str) -> list[int]:
+    """Token positions of ``ids`` whose text overlaps an occurrence of ``key`` (the passkey's digits)."""
+    starts, text = [], ""
+    for t in ids:
+        starts.append(len(text))
+        text += tok.decode([t])
+    ends = starts[1:] + [len(text)]
+    out: set[int] = set()
+    at = text.find(key)
+    while at >= 0:
+        out.update(i for i in range(len(ids)) if starts[i] < at + len(key) and ends[i] > at)
+        at = text.find(key, at + 1)
+    return sorted(out)
 
 
 def _render(tok: Any, text: str, depth: float, key: str) -> list[int]:
@@ -102,8 +125,10 @@ def needle_study(model: Any, prompts: Sequence[dict], policies: Sequence[str] = 
 
     Returns:
         One row per prompt × (policy, budget) and one per prompt for ``policy="full"`` (budget 1.0): ``run_id,
-        depth, policy, budget, budget_tokens, prompt_len, answer, correct``.
+        depth, policy, budget, budget_tokens, prompt_len, answer, correct, key_kept`` (the share of the passkey's
+        (layer, head, token) keys kept after prefill's cut; NaN when the prompt has no ``key_pos``).
     """
+    from trajscope.studies.eviction import rolling
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         raise TrajscopeError(f"The needle task runs {', '.join(POLICIES)}; '{bad[0]}' is not among them.")
@@ -116,26 +141,43 @@ def needle_study(model: Any, prompts: Sequence[dict], policies: Sequence[str] = 
         prefill = torch.stack([pre.attn[layer] for layer in sorted(pre.attn)])  # [L, H, w, P]
         base = {"run_id": item["id"], "depth": item["depth"], "prompt_len": P}
 
-        def record(policy: str, budget: float, tokens: float, key_mask: torch.Tensor | None) -> None:
+        kpos = list(item.get("key_pos", []))
+        full_got: list[int] = []
+
+        def record(policy: str, budget: float, tokens: float, key_mask: torch.Tensor | None,
+                   kept: torch.Tensor | None = None, got: list[int] | None = None) -> None:
             nonlocal done
-            got, _ = model.decode_on_cache(P, pre, answer_tokens, key_mask)
+            if got is None and key_mask is None and full_got:  # nothing evicted: the full cache's answer, exactly
+                got = full_got
+            if got is None:
+                got, _ = model.decode_on_cache(P, pre, answer_tokens, key_mask)
+            if policy == "full":
+                full_got[:] = got
             text = model.tokenizer.decode(got, skip_special_tokens=True)
+            share = float("nan") if not kpos else 1.0 if kept is None else float(kept[..., kpos].float().mean())
             rows.append({**base, "policy": policy, "budget": float(budget), "budget_tokens": float(tokens),
-                         "answer": text.strip(), "correct": answer_matches(text, item["key"])})
+                         "answer": text.strip(), "correct": answer_matches(text, item["key"]), "key_kept": share})
             done += 1
             if progress is not None:
                 progress(done, total)
 
         record("full", 1.0, P, None)
         pseudo = eq.pseudo_rows(model, ids, lookahead, prefill=pre) if "pseudo" in policies else None
+        scores = rolling.prompt_scores(model, ids) if "h2o_rolling" in policies else None
         for policy in policies:
             for budget in budgets:
+                if policy in rolling.er.ROLLING:
+                    got, kept, tokens = rolling.rolling_decode(model, P, pre, answer_tokens, policy, budget,
+                                                               window=window, scores=scores, full=full_got)
+                    record(policy, budget, tokens, None, kept, got)
+                    continue
                 q = pseudo
                 if policy == "lookahead":
                     q = eq.laq_rows(model, ids, pre, prefill, budget, window=window, m=lookahead)[1]
                 sel = ev.select(policy, prefill, budget, window=window, query_rows=q)
                 keep_all = bool(sel.mask.all())
-                record(policy, budget, sel.budget_tokens, None if keep_all else ev.key_mask(sel, P + answer_tokens))
+                record(policy, budget, sel.budget_tokens, None if keep_all else ev.key_mask(sel, P + answer_tokens),
+                       sel.mask)
     return pl.DataFrame(rows)
 
 
@@ -147,12 +189,16 @@ def accuracy_table(answers: pl.DataFrame, level: float = 0.95, by: Sequence[str]
     for key, g in answers.partition_by(list(by), as_dict=True, maintain_order=True).items():
         k, n = int(g["correct"].sum()), g.height
         iv = binomial_interval(k, n, level)
-        out.append({**dict(zip(by, key)), "accuracy": iv.estimate, "lo": iv.lo, "hi": iv.hi, "n": n,
-                    "mean_kept_tokens": float(g["budget_tokens"].mean())})
+        row = {**dict(zip(by, key)), "accuracy": iv.estimate, "lo": iv.lo, "hi": iv.hi, "n": n,
+               "mean_kept_tokens": float(g["budget_tokens"].mean())}
+        if "key_kept" in g.columns:
+            mean = g["key_kept"].mean()
+            row["mean_key_kept"] = float("nan") if mean is None else float(mean)
+        out.append(row)
     return pl.DataFrame(out).sort(list(by))
 
 
-def heldout_perplexity(model: Any, texts: Sequence[Sequence[int]], prompt_len: int, policies: Sequence[str] = POLICIES,
+def heldout_perplexity(model: Any, texts: Sequence[Sequence[int]], prompt_len: int, policies: Sequence[str] = STATIC,
                        budgets: Sequence[float | int] = (0.1, 0.2, 0.5, 1.0), *, window: int = 32,
                        lookahead: int = 8) -> pl.DataFrame:
     """Perplexity of held-out text under eviction: the first ``prompt_len`` tokens are the prompt a policy
@@ -163,6 +209,10 @@ def heldout_perplexity(model: Any, texts: Sequence[Sequence[int]], prompt_len: i
         negative log-likelihood per continuation token, nats) and ``n_tokens``; perplexity is ``exp(nll)``.
     """
     P = int(prompt_len)
+    bad = [p for p in policies if p not in STATIC]
+    if bad:
+        raise TrajscopeError(f"Held-out perplexity runs the static policies ({', '.join(STATIC)}); '{bad[0]}' is not "
+                             "among them (a rolling cache is not teacher-forced here).")
     rows = []
     for i, ids in enumerate(texts):
         ids = list(ids)

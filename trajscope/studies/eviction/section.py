@@ -120,11 +120,16 @@ def needle_section(result: Result) -> tuple[str, str, list]:
     """The needle study's report section: retrieval accuracy per policy and budget with its Wilson interval."""
     acc = result.table("needle_summary")
     cfg = result.config
+    has_key = "mean_key_kept" in acc.columns
     rows = [[html_text(r["policy"]), f"{r['budget']:g}", f"{r['mean_kept_tokens']:.0f}",
              html_text(format_interval(r["accuracy"], r["lo"], r["hi"], n_clusters=r["n"])), str(r["n"])]
+            + (["—" if r['mean_key_kept'] != r['mean_key_kept'] else f"{r['mean_key_kept']:.2f}"] if has_key else [])
             for r in acc.iter_rows(named=True)]
     note = (f"Passkey prompts of about {cfg.get('context', '?')} tokens, the key at depths "
             f"{html_text(', '.join(map(str, cfg.get('depths', []))) or '?')}; an answer is correct when its first run "
-            "of digits is the key. 95% Wilson intervals over prompts; <code>full</code> is the uncompressed cache.")
+            "of digits is the key. 95% Wilson intervals over prompts; <code>full</code> is the uncompressed cache; "
+            "<code>_rolling</code> policies hold the whole cache at the budget during decode (1.0: no eviction). "
+            "Passkey keys kept = share of (layer, head, passkey token) keys kept after prefill's cut.")
+    head = ["policy", "budget", "kept tokens (mean)", "accuracy [95% Wilson]", "n prompts"]
     return NEEDLE_TITLE, f"<p class='note'>{note}</p>" + _table(
-        ["policy", "budget", "kept tokens (mean)", "accuracy [95% Wilson]", "n prompts"], rows), []
+        head + (["passkey keys kept (mean)"] if has_key else []), rows), []

@@ -7,14 +7,19 @@ observation / recent window of the policies that have one), the study's
 :meth:`EvictionSettings.check` turns a bad budget or window into one sentence before any model
 work; :func:`run_study` runs the registered study's run function
 (:func:`trajscope.studies.eviction.run`) on a trajectory's prompt (pure with respect to the app:
-safe off the event loop).
+safe off the event loop). The card's run also asks for the per-step vs accumulated split
+(``eviction_split`` tables) and, when the prompt hides a passkey (:func:`passkey_of`), the masked answer of
+every needle policy at the card's budget (a ``needle_answers`` table in the same Result);
+:func:`shipped_needle` reads the model's shipped needle table, if it has one.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import param
+import polars as pl
 
 from trajscope.errors import TrajscopeError
 from trajscope.metrics.eviction import POLICIES
@@ -23,7 +28,8 @@ from trajscope.studies.registry import Result
 NO_WINDOW = ("streamingllm",)  # sinks + recent tokens: no observation window
 LABELS = {"snapkv": "SnapKV", "h2o": "H2O", "streamingllm": "StreamingLLM", "pyramidkv": "PyramidKV",
           "lookahead": "Lookahead (LAQ-style draft queries)", "pseudo": "Pseudo queries (DapQ-style)",
-          "oracle": "Oracle (real decode queries)"}
+          "oracle": "Oracle (real decode queries)", "streamingllm_rolling": "StreamingLLM, rolling",
+          "h2o_rolling": "H2O, rolling"}
 
 
 def budget_error(budget) -> str | None:
@@ -70,8 +76,54 @@ class EvictionSettings(param.Parameterized):
         self.param.update(result=None, summary="", status="")
 
 
+PASSKEY = re.compile(r"pass ?key is (\d{3,})", re.IGNORECASE)
+
+
+def passkey_of(text: str) -> str | None:
+    """The passkey a prompt hides ("… pass key is 1234567 …", as the needle study writes it), else None."""
+    m = PASSKEY.search(text or "")
+    return m.group(1) if m else None
+
+
+def shipped_needle(model_id: str | None) -> pl.DataFrame | None:
+    """The model's shipped needle accuracy table (``sample_data/<model>/report/needle/needle_summary.parquet``),
+    or None when the model ships none or it is unreadable."""
+    from trajscope.model import sample_data_dir
+
+    if not model_id or not re.fullmatch(r"[\w.-]+", model_id):
+        return None
+    f = sample_data_dir() / model_id / "report" / "needle" / "needle_summary.parquet"
+    try:
+        return pl.read_parquet(f) if f.is_file() else None
+    except Exception:  # a damaged file: the card shows no table rather than failing the tab
+        return None
+
+
+def passkey_answers(model, ids: list[int], key: str, budget: float, window: int) -> tuple[pl.DataFrame, list[str]]:
+    """Each needle policy's greedy answer on this prompt at ``budget`` (and the full cache's), and the one sentence
+    of each policy that cannot run on it (e.g. a budget within the window)."""
+    from trajscope.studies.eviction import needle as nd
+
+    item = {"id": "this run", "ids": list(ids), "key": key, "depth": float("nan"),
+            "key_pos": nd.key_positions(model.tokenizer, ids, key)}
+    from trajscope.metrics.eviction import SINKS, resolve_budget
+
+    P, w = len(ids), min(window, len(ids))
+    B = resolve_budget(budget, P)
+    runs, notes = [], []
+    for policy in nd.POLICIES:
+        always = SINKS if policy.startswith("streamingllm") else w
+        if B < P and B <= always:
+            notes.append(f"{LABELS.get(policy, policy)}: a budget of {B} tokens is not larger than the {always} it "
+                         "always keeps.")
+        else:
+            runs.append(policy)
+    return nd.needle_study(model, [item], runs, [budget], window=w, answer_tokens=12), notes
+
+
 def run_study(model, traj, policy: str, budget: float, window: int) -> Result:
-    """The eviction study on ``traj``'s prompt tokens, for as many decode steps as ``traj`` generated.
+    """The eviction study on ``traj``'s prompt tokens, for as many decode steps as ``traj`` generated, with the
+    per-step vs accumulated split; on a passkey prompt also every needle policy's answer at ``budget``.
 
     The study captures its own greedy full run (every layer's attention) and the masked re-runs;
     for a greedy, unsteered ``traj`` of the same model its full run is ``traj`` again.
@@ -91,5 +143,11 @@ def run_study(model, traj, policy: str, budget: float, window: int) -> Result:
     if n_new < 2:
         raise TrajscopeError("The eviction study needs a run with at least 2 generated tokens.")
     config = EvictionConfig(policies=(policy,), budgets=(float(budget),), max_new_tokens=n_new,
-                            window=min(window, P) if policy in NO_WINDOW else window)
-    return run(model, [(traj.run_id, list(traj.token_ids[:P]))], config)
+                            window=min(window, P) if policy in NO_WINDOW else window, split=True)
+    res = run(model, [(traj.run_id, list(traj.token_ids[:P]))], config)
+    key = passkey_of(model.tokenizer.decode(list(traj.token_ids[:P])))
+    if key is not None:
+        answers, notes = passkey_answers(model, list(traj.token_ids[:P]), key, float(budget), window)
+        res.tables["needle_answers"] = answers
+        res.config["passkey"] = {"key": key, "notes": notes}
+    return res

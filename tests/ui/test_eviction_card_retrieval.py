@@ -1,0 +1,116 @@
+"""The Eviction card shows, for the run on screen, the per-step vs accumulated split and passkey retrieval:
+the split's two arms as the split module computes them on this run, the model's shipped needle table, and on a
+passkey prompt each policy's masked answer."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import polars as pl
+import pytest
+from bokeh.document import Document
+
+import trajscope as ts
+from trajscope.metrics import eviction as ev
+from trajscope.studies.eviction import needle as nd
+from trajscope.studies.eviction import plots_more as pm
+from trajscope.studies.eviction.split import split_steps
+from trajscope.studies.eviction.state import passkey_of, shipped_needle
+from trajscope.ui.state import AppState
+
+card_mod = importlib.import_module("trajscope.studies.eviction.card")  # the package's `card` is its card() function
+
+
+def _view(traj, model):
+    state = AppState()
+    state.set_trajectory(traj, step=0)
+    v = card_mod.EvictionView(state=state, model_loader=lambda source: model)
+    v.__panel__().get_root(Document())
+    return v
+
+
+def _texts(obj) -> str:
+    """Every Markdown/HTML text and HoloViews title under a Panel object."""
+    import panel as pn
+
+    out = []
+    for o in obj.select(lambda x: isinstance(x, (pn.pane.Markdown, pn.pane.HTML, pn.pane.HoloViews))):
+        if isinstance(o, pn.pane.HoloViews):
+            out.append(str(o.object.opts.get().kwargs.get("title", "")))
+        elif isinstance(o.object, str):
+            out.append(o.object)
+    return "\n".join(out)
+
+
+def test_card_shows_the_split_of_this_run(short_run, sample_model):
+    v = _view(short_run, sample_model)
+    v.settings.param.update(policy="snapkv", budget=0.5, window=3)
+    v.run()
+    res = v.settings.result
+    assert res is not None, v.settings.status
+    P = short_run.prompt_len
+    sel_mask = torch_mask(res, sample_model, P)
+    ref = split_steps(sample_model, short_run.token_ids, P, ev.key_mask(sel_mask, len(short_run.token_ids)))
+    sp = res.table("eviction_split").sort("step")
+    np.testing.assert_allclose(sp["kl_per_step"], ref["kl_per_step"], atol=1e-6)
+    np.testing.assert_allclose(sp["kl_accumulated"], ref["kl_accumulated"], atol=1e-6)
+    plot = pm.split_plot(res)
+    np.testing.assert_allclose(plot.get(0).dimension_values("kl_per_step"), sp["kl_per_step"])
+    np.testing.assert_allclose(plot.get(1).dimension_values("kl_accumulated"), sp["kl_accumulated"])
+    shown = _texts(v.__panel__())
+    assert "Per-step vs accumulated damage — snapkv, budget 0.5" in shown
+    assert "Per-step vs accumulated, this run" in shown and "one prompt: no interval" in shown
+    assert "carried (paired)" in shown
+
+
+def torch_mask(res, model, P):
+    """The Selection the card's result kept, rebuilt from its ``eviction_kept`` table."""
+    import torch
+
+    kept = res.table("eviction_kept").sort("layer", "head")
+    L, H = model.n_layers, model.n_heads
+    mask = torch.zeros(L, H, P, dtype=torch.bool)
+    for r in kept.iter_rows(named=True):
+        mask[r["layer"], r["head"], r["kept_pos"]] = True
+    return ev.Selection("snapkv", 0.5, float(mask.sum(-1).float().mean()), True, 3, mask)
+
+
+def test_card_shows_the_shipped_needle_table(short_run, sample_model, monkeypatch):
+    table = shipped_needle("smollm2")
+    assert table is not None and {"policy", "budget", "accuracy", "lo", "hi", "n"} <= set(table.columns)
+    assert shipped_needle("../etc") is None and shipped_needle("no-such-model") is None
+    v = _view(short_run, sample_model)
+    assert "ships no needle table" in _texts(v.__panel__())  # the sample model has none
+    monkeypatch.setattr(card_mod, "shipped_needle", lambda model_id: table)
+    shown = _texts(v._retrieval())
+    assert "Passkey retrieval vs budget" in shown and "shipped needle study" in shown
+    assert "Passkey retrieval accuracy shipped with this model" in shown
+    plot = pm.needle_plot(table, "smollm2")
+    snap = table.filter(pl.col("policy") == "snapkv").sort("budget")
+    curve = [e for e in plot if isinstance(e, __import__("holoviews").Curve) and e.label == "snapkv"][0]
+    np.testing.assert_allclose(curve.dimension_values("accuracy"), snap["accuracy"])
+
+
+def test_card_answers_a_passkey_prompt_under_every_policy(sample_model):
+    item = nd.needle_prompts(sample_model, 1, 160, [0.5], seed=2)[0]
+    text = sample_model.tokenizer.decode(item["ids"])
+    assert passkey_of(text) == item["key"] and passkey_of("no key here") is None
+    traj = ts.capture(sample_model, text, max_new_tokens=4)
+    v = _view(traj, sample_model)
+    assert "This prompt hides a pass key" in _texts(v.__panel__())
+    v.settings.param.update(policy="snapkv", budget=0.5, window=8)
+    v.run()
+    res = v.settings.result
+    assert res is not None, v.settings.status
+    ans = res.table("needle_answers")
+    assert set(ans["policy"]) == {"full", *nd.POLICIES}
+    ref = nd.needle_study(sample_model, [{**item, "ids": list(traj.token_ids[:traj.prompt_len]),
+                                          "key_pos": nd.key_positions(sample_model.tokenizer,
+                                                                      list(traj.token_ids[:traj.prompt_len]),
+                                                                      item["key"])}],
+                          ["snapkv"], [0.5], window=8, answer_tokens=12)
+    got = ans.filter(pl.col("policy") == "snapkv")
+    assert got["answer"].to_list() == ref.filter(pl.col("policy") == "snapkv")["answer"].to_list()
+    shown = _texts(v.__panel__())
+    assert f"This prompt hides pass key {item['key']}" in shown and "retrieves the key" in shown

@@ -1,0 +1,105 @@
+"""More plots of the Eviction card: the per-step vs accumulated split of this run, and passkey retrieval.
+
+- :func:`split_plot` — per decode step, KL to the full model of the **per-step** arm (only the step's own query
+  sees the masked prompt; its history was computed with every key) and of the **accumulated** arm (every decode
+  query masked, so the history carries the damage), with their depth-band means as steps
+  (:mod:`trajscope.studies.eviction.split`);
+- :func:`split_rows` — the depth-band rows of ``eviction_split_summary`` as text cells, each with its interval
+  (one prompt: "no interval", said so);
+- :func:`needle_plot` — a model's shipped passkey retrieval accuracy by policy and budget, Wilson intervals as
+  error bars (the ``needle_summary`` table of the ``needle`` study);
+- :func:`passkey_rows` — this prompt's masked answer under each policy, and whether it retrieves the key.
+
+Pure functions: tables in, HoloViews elements or text cells out; every value at x = the step that computed it.
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import polars as pl
+
+from trajscope.interval_text import format_interval
+from trajscope.studies.registry import Result
+
+PER_STEP, ACCUMULATED = "#2ca02c", "#9467bd"
+SPLIT_CAPTION = ("Per-step vs accumulated, this run: KL(p_full ‖ p_arm) of the next-token distribution at each "
+                 "decode step, teacher-forced on the full run's tokens. Per-step (green): only that step's query "
+                 "sees the evicted prompt, its history was computed with every key. Accumulated (purple): every "
+                 "decode query sees the evicted prompt, so the history carries the damage too. The gap is the "
+                 "damage carried by generated tokens. Pale bars: depth-band means (one run: no interval).")
+NEEDLE_CAPTION = ("Passkey retrieval accuracy shipped with this model (the needle study on its own passkey "
+                  "prompts, not this run): share of prompts whose greedy answer gives the key, by kept share of the "
+                  "prompt, with 95% Wilson intervals over prompts; 'full' is the uncompressed cache.")
+
+
+def split_plot(res: Result) -> hv.Overlay:
+    """Both arms of the split per decode step for one policy and budget, with their depth-band means."""
+    sp = res.table("eviction_split").sort("step")
+    policy, budget = sp["policy"][0], sp["budget"][0]
+    df = sp.select("step", "kl_per_step", "kl_accumulated").to_pandas()
+    parts = [hv.Curve(df, "step", "kl_per_step", label="per-step arm (history unmasked)").opts(
+                 color=PER_STEP, tools=["hover"], line_width=2),
+             hv.Curve(df, "step", "kl_accumulated", label="accumulated arm (every decode query masked)").opts(
+                 color=ACCUMULATED, tools=["hover"], line_width=2)]
+    summ = res.table("eviction_split_summary")
+    if summ.height:
+        bands = sp.with_columns(_band()).group_by("depth_band").agg(pl.col("step").min().alias("lo"),
+                                                                    pl.col("step").max().alias("hi"))
+        for r in summ.join(bands, on="depth_band").iter_rows(named=True):
+            for metric, color in (("kl_per_step", PER_STEP), ("kl_accumulated", ACCUMULATED)):
+                parts.append(hv.Segments([(r["lo"] - 0.4, r[metric], r["hi"] + 0.4, r[metric])]).opts(
+                    color=color, alpha=0.35, line_width=6))
+    return hv.Overlay(parts).opts(
+        title=f"Per-step vs accumulated damage — {policy}, budget {budget:g}", responsive=True, height=260,
+        legend_position="right", xlabel="step (decode)", ylabel="KL to full model (nats)", show_grid=True)
+
+
+def _band() -> pl.Expr:
+    from trajscope.metrics.bands import depth_band_expr
+
+    return depth_band_expr(pl.col("step")).alias("depth_band")
+
+
+def split_rows(res: Result) -> list[list[str]]:
+    """``[depth band, per-step, accumulated, carried (paired)]`` cells, each mean with its interval."""
+    summ = res.table("eviction_split_summary")
+    out = []
+    for r in summ.iter_rows(named=True):
+        n = r.get("n_prompts")
+        out.append([str(r["depth_band"])] + [format_interval(r[m], r[f"{m}_lo"], r[f"{m}_hi"], 4, n_clusters=n)
+                                             for m in ("kl_per_step", "kl_accumulated", "kl_carried")])
+    return out
+
+
+def needle_plot(table: pl.DataFrame, model_id: str) -> hv.Overlay:
+    """Accuracy against budget, one line per policy, with Wilson error bars; 'full' as a horizontal band."""
+    parts = []
+    full = table.filter(pl.col("policy") == "full")
+    if full.height:
+        f = full.row(0, named=True)
+        parts.append(hv.HSpan(f["lo"], f["hi"]).opts(color="#bbbbbb", alpha=0.3))
+        parts.append(hv.HLine(f["accuracy"], label=f"full cache {f['accuracy']:.2f}").opts(color="#555555",
+                                                                                        line_dash="dashed"))
+    rest = table.filter(pl.col("policy") != "full").sort("policy", "budget")
+    colors = hv.Cycle.default_cycles["default_colors"]
+    for i, name in enumerate(rest["policy"].unique(maintain_order=True).to_list()):
+        g = rest.filter(pl.col("policy") == name).to_pandas()
+        color = colors[i % len(colors)]
+        parts.append(hv.Curve(g, "budget", ["accuracy", "lo", "hi", "n"], label=str(name)).opts(
+            color=color, tools=["hover"], hover_tooltips=[("policy", name), ("budget", "@budget"),
+                                                          ("accuracy", "@accuracy{0.00} [@lo{0.00}, @hi{0.00}]"),
+                                                          ("n prompts", "@n")]))
+        g = g.assign(neg=g["accuracy"] - g["lo"], pos=g["hi"] - g["accuracy"])
+        parts.append(hv.ErrorBars(g, "budget", ["accuracy", "neg", "pos"]).opts(color=color))
+    n = int(table["n"].max()) if table.height else 0
+    return hv.Overlay(parts).opts(
+        title=f"Passkey retrieval vs budget — {model_id}'s shipped needle study ({n} prompts)", responsive=True,
+        height=280, legend_position="right", xlabel="budget (kept share of the prompt)", ylabel="accuracy",
+        ylim=(-0.05, 1.05), logx=True, show_grid=True)
+
+
+def passkey_rows(answers: pl.DataFrame) -> list[list[str]]:
+    """``[policy, budget, kept tokens, answer, retrieves the key]`` cells, the full cache first."""
+    order = answers.with_columns((pl.col("policy") != "full").alias("_o")).sort("_o", "policy", "budget")
+    return [[r["policy"], f"{r['budget']:g}", f"{r['budget_tokens']:.0f}", r["answer"],
+             "yes" if r["correct"] else "no"] for r in order.iter_rows(named=True)]
