@@ -28,6 +28,9 @@ TINY = {
     "sae-drift": {"max_new_tokens": 6, "n_boot": 50, "n_null": 10, "max_prompts": 4, "max_tokens": 32},
     "sae-bench": {"max_per_file": 1, "max_prompt_tokens": 32, "new_tokens": 4, "ks": (1,), "n_boot": 50},
     "steering": {"depths": (1, 3), "window": 2, "max_prompts": 3, "max_tokens": 24},
+    "steering-success": {"heldout_prompts": 4, "sweep_layers": (3,), "strengths": (2.0,), "sweep_prompts": 2,
+                         "new_tokens": 4, "depths": (1, 2), "window": 2, "depth_prompts": 2, "max_prompts": 8,
+                         "max_tokens": 24},
     "monitor": {"n_boot": 50, "new_tokens": 8, "fpr": 0.25, "strengths": (0.0, 4.0), "start_step": 3, "shifts": ("steer",), "forced_tokens": 2,
                 "max_prompts": 16, "max_tokens": 24},
     "eviction": {"max_new_tokens": 4, "policies": ("snapkv",), "budgets": (0.5,), "window": 4, "max_prompts": 3,
@@ -63,7 +66,7 @@ def test_the_report_has_every_section_and_a_verdict_per_artefact(calibrated):
     for sec in SECTIONS:
         assert f"id='sec-{sec.key}'" in html
     kinds = {v["kind"] for v in cal.verdicts}
-    assert kinds == {"sae", "sae-ce", "vector", "monitor"}
+    assert kinds == {"sae", "sae-ce", "vector", "vector-success", "monitor"}
     assert all(v["verdict"] in ("transfers", "degrades", "fails", "undecided") for v in cal.verdicts)
     assert not _fetched(html)  # opens offline: the page loads nothing
     assert (out / "prompts.jsonl").is_file() and (out / "summary.json").is_file()
@@ -129,6 +132,15 @@ def test_the_sae_ce_rule(dec, expect):
          "ce recovered decode m − base": {"value": 0.0, "lo": -0.1, "hi": 0.1}}
     (v,) = verdict.sae_ce_verdicts(Result("sae-bench", summaries=s), "job")
     assert v.verdict == expect
+
+
+@pytest.mark.parametrize("succ,expect", [((0.5, 0.3, 0.7), "transfers"), ((0.1, 0.02, 0.2), "degrades"),
+                                         ((0.0, 0.0, 0.2), "fails"), ((0.3, 0.1, 0.5), "undecided")])
+def test_the_success_rule(succ, expect):
+    rows = [{"start_step": 1, "n": 16, "success": {"value": 0.5, "lo": 0.3, "hi": 0.7}},
+            {"start_step": 8, "n": 16, "success": dict(zip(("value", "lo", "hi"), succ))}]
+    (v,) = verdict.success_verdicts(Result("steering-success", summaries={"by_depth": rows}), "job", "vec")
+    assert v.verdict == expect and v.regime == "success from step 8"
 
 
 @pytest.mark.parametrize("k,expect", [((1.0, 0.9, 1.1), "transfers"), ((0.5, 0.4, 0.6), "degrades"),

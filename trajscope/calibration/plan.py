@@ -4,8 +4,8 @@ The report has one section per question (:data:`SECTIONS`); each names the regis
 it, in order. A study runs when the artefacts it requires are there (:data:`REQUIRES`: the SAE-transfer
 study needs an SAE, the steering and monitor studies a steering vector); otherwise its section says what
 was missing. A study that takes an artefact (``Study.uses``: kind → config field) gets the given or shipped
-one: a field typed as a tuple takes them all, a single-valued field runs the study once per artefact
-(one :class:`Job` each, in its own folder).
+one: a field typed as a tuple takes them all; a single-valued field runs the study once per artefact (one
+:class:`Job` each, in its own folder) when the study requires that kind, and takes the first otherwise.
 
 Artefacts are judged on prompts they were not fitted on: when the inputs record the source files an artefact
 was fitted on (``Inputs.seen_files``), the studies in :data:`HELD_OUT` run on the other files' prompts only,
@@ -45,7 +45,8 @@ SECTIONS: tuple[Section, ...] = (
             "feature overlap against its matched-n null, SAEBench's core metrics and sparse probing by phase and segment), "
             "and does a prefill/decode mix do better?", ("sae-drift", "sae-bench")),
     Section("steering", "Steering reliability", "Does a steering vector's effect depend on the decode step where "
-            "it starts (onset and accumulation over equal windows)?", ("steering",)),
+            "it starts (onset and accumulation over equal windows), and does it do what it is for (success rate, fluency "
+            "cost, anti-steerable prompts, by layer and start depth)?", ("steering", "steering-success")),
     Section("monitor", "Monitor transfer", "Do monitors calibrated on clean decode detect a shift planted into "
             "decode (AUROC, time-to-detect at a fixed false-positive rate)?", ("monitor",)),
     Section("eviction", "KV-eviction consistency", "Do the prompt keys a KV-eviction policy keeps after prefill "
@@ -53,7 +54,7 @@ SECTIONS: tuple[Section, ...] = (
 )
 
 REQUIRES: dict[str, tuple[str, ...]] = {"sae-drift": ("sae",), "sae-bench": ("sae",), "steering": ("vector",),
-                                         "monitor": ("vector",)}
+                                         "steering-success": ("vector",), "monitor": ("vector",)}
 HELD_OUT = ("sae-drift",)  # studies that judge an artefact on prompts: only files it was not fitted on
 RUNNER_KEYS = ("max_prompts", "max_tokens")
 DEFAULT_MAX_TOKENS = 96
@@ -112,6 +113,8 @@ def _held_out_settings(name: str, study: Study, inputs: Inputs) -> dict[str, Any
     seen = [f for f in files if f in set(inputs.seen_files)]
     if "sae_train_files" in fields:  # reports the unseen files apart and takes its headline from them
         return {"sae_train_files": tuple(inputs.seen_files)}
+    if "exclude_files" in fields and len(seen) < len(files):  # evaluates on the other files only
+        return {"exclude_files": tuple(seen)}
     if "fit_files" in fields and seen and len(seen) < len(files):  # fit on seen files, evaluate on the rest
         return {"fit_files": tuple(seen)}
     return {}
@@ -146,6 +149,8 @@ def jobs(inputs: Inputs, quick: bool = False) -> list[Job]:
                     continue
                 if _is_tuple(study, field):
                     fanout = [(lab, {**o, field: tuple(str(p) for p in items)}) for lab, o in fanout]
+                elif kind not in REQUIRES.get(name, ()):  # an optional artefact: the first one
+                    fanout = [(lab, {**o, field: str(items[0])}) for lab, o in fanout]
                 else:
                     fanout = [(lab + ("-" if lab else "") + (p.stem if len(items) > 1 else ""), {**o, field: str(p)})
                               for lab, o in fanout for p in items]

@@ -23,6 +23,8 @@ The rules, per artefact (``lo``/``hi``: the 95 % interval a study reports):
   step's effect over the equal window. Transfers when step k's interval starts at or above the reference's
   lower end; fails when it reaches 0 (lower end ≤ 0: no effect detected); degrades when it lies wholly
   below the reference's lower end; otherwise undecided.
+- **Steering vector, success** (``steering-success``; regime *from step k*): the same rule on the behavioural
+  success rate (Wilson interval) by start step; fails when no prompt succeeds (lower end 0).
 - **Monitor** (``monitor``, per monitor; regime *each planted shift*, its AUROC against its own null arm):
   fails when the detection AUROC's interval reaches 0.5 (not detected) or its threshold, fitted on clean runs of other files, fires on
   held-out clean runs above its target rate (the held-out FPR interval starts above the target); transfers
@@ -51,6 +53,9 @@ RULES = {
     "vector": "effect over the equal window from step k vs from the earliest start step: lower end at or above the "
               "reference's lower end → transfers; lower end ≤ 0 → fails; wholly below the reference's lower end → "
               "degrades; else undecided",
+    "vector-success": "behavioural success rate when steering starts at decode step k vs at the earliest step: lower "
+                      "end at or above the reference's lower end → transfers; no success (lower end 0) → fails; wholly "
+                      "below the reference's lower end → degrades; else undecided",
     "monitor": f"detection AUROC interval and held-out false-positive rate: AUROC lower end ≤ 0.5 or held-out FPR "
                f"above target → fails; AUROC lower end ≥ {AUROC_USEFUL} → transfers; AUROC upper end < "
                f"{AUROC_USEFUL} → degrades; else undecided",
@@ -169,6 +174,31 @@ def vector_verdicts(result: Result, job: str, artefact: str) -> list[Verdict]:
     return out
 
 
+def success_verdicts(result: Result, job: str, artefact: str) -> list[Verdict]:
+    """One verdict per start step after the earliest of a ``steering-success`` Result (its success rate by depth)."""
+    rows = sorted((r for r in (result.summaries.get("by_depth") or []) if isinstance(r, dict)),
+                  key=lambda r: r.get("start_step") or 0)
+    out = []
+    if not rows:
+        return out
+    ref = rows[0].get("success") or {}
+    ref_lo = _f(ref.get("lo"))
+    for r in rows[1:]:
+        succ = r.get("success") or {}
+        lo, hi = _f(succ.get("lo")), _f(succ.get("hi"))
+        if lo is None or hi is None or ref_lo is None:
+            verdict = "undecided"
+        else:
+            verdict = ("fails" if lo <= 0 else "transfers" if lo >= ref_lo else "degrades" if hi < ref_lo
+                       else "undecided")
+        ev = (f"success {interval(succ.get('value'), lo, hi)} from step {r.get('start_step')} vs "
+              f"{interval(ref.get('value'), ref.get('lo'), ref.get('hi'))} from step {rows[0].get('start_step')} "
+              f"({r.get('n')} prompts)")
+        out.append(Verdict("vector-success", artefact, f"success from step {r.get('start_step')}", verdict, ev,
+                           "steering", job))
+    return out
+
+
 def monitor_verdicts(result: Result, job: str) -> list[Verdict]:
     """One verdict per (monitor, planted shift) of a ``monitor`` Result: each shifted arm's AUROC against its own
     null (``monitor_vs_null``: steering at s against s = 0, topic and forced against their replay), with the
@@ -213,6 +243,9 @@ def verdicts(results: Sequence[tuple[str, str, str, Result]]) -> list[Verdict]:
             out += sae_ce_verdicts(result, job)
         elif study == "steering":
             out += vector_verdicts(result, job, label or pathlib.PurePath(str(result.config.get("vector") or "vector")).stem)
+        elif study == "steering-success":
+            out += success_verdicts(result, job, label or pathlib.PurePath(str(result.config.get("vector") or
+                                                                                 "vector")).stem)
         elif study == "monitor":
             out += monitor_verdicts(result, job)
     return out
