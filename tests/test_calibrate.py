@@ -135,7 +135,8 @@ def test_the_sae_ce_rule(dec, expect):
 
 
 @pytest.mark.parametrize("succ,expect", [((0.5, 0.3, 0.7), "transfers"), ((0.1, 0.02, 0.2), "degrades"),
-                                         ((0.0, 0.0, 0.2), "fails"), ((0.3, 0.1, 0.5), "undecided")])
+                                         ((0.0, 0.0, 0.05), "fails"), ((0.0, 0.0, 0.49), "undecided"),
+                                         ((0.3, 0.1, 0.5), "undecided")])
 def test_the_success_rule(succ, expect):
     rows = [{"start_step": 1, "n": 16, "success": {"value": 0.5, "lo": 0.3, "hi": 0.7}},
             {"start_step": 8, "n": 16, "success": dict(zip(("value", "lo", "hi"), succ))}]
@@ -153,8 +154,8 @@ def test_the_vector_rule(k, expect):
 
 
 @pytest.mark.parametrize("auroc,fpr_lo,expect", [((0.9, 0.8, 0.97), 0.0, "transfers"), ((0.6, 0.55, 0.65), 0.0, "degrades"),
-                                                 ((0.55, 0.4, 0.7), 0.0, "fails"), ((0.9, 0.8, 0.97), 0.2, "fails"),
-                                                 ((0.7, 0.6, 0.8), 0.0, "undecided")])
+                                                 ((0.5, 0.4, 0.6), 0.0, "fails"), ((0.9, 0.8, 0.97), 0.2, "fails"),
+                                                 ((0.7, 0.6, 0.8), 0.0, "undecided"), ((0.6, 0.3, 0.9), 0.0, "undecided")])
 def test_the_monitor_rule(auroc, fpr_lo, expect):
     import polars as pl
 

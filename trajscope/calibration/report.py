@@ -68,14 +68,19 @@ def _method(inputs: Inputs, model: dict[str, Any], results: Sequence[tuple[JobSt
                         ("drift profile", [inputs.profile] if inputs.profile else [])):
         src = "shipped with the model" if {"SAE": "sae", "steering vector": "vector",
                                             "drift profile": "profile"}[kind] in inputs.shipped else "given"
-        given.append(f"<li>{html_text(kind)}: " + (", ".join(f"<code>{html_text(p)}</code>" for p in items) + f" ({src})"
+        given.append(f"<li>{html_text(kind)}: " + (", ".join(f"<code>{html_text(_shown(p))}</code>" for p in items) + f" ({src})"
                                                      if items else "none") + "</li>")
     splits = []
     for state, res in results:
         split = res.summaries.get("split")
         if isinstance(split, dict):
-            text = "; ".join(f"{k}: {', '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in split.items())
+            text = "; ".join(f"{k}: {_brief(v)}" for k, v in split.items() if v not in (None, [], {}))
             splits.append(f"<li><b>{html_text(state.job.key)}</b>: {html_text(text)}</li>")
+    seen_here = sorted(set(inputs.seen_files) & set(files))
+    if inputs.seen_files:
+        given.append(f"<li>fitted on {len(inputs.seen_files)} source files, as the artefacts record it; of the prompt "
+                     f"files, {html_text(', '.join(seen_here) or 'none')}: the SAE, steering-success and monitor "
+                     "studies evaluate on the other files</li>")
     split_html = ("<p>Splits the studies report (held-out by source file where they split):</p><ul>"
                   + "".join(splits) + "</ul>") if splits else ""
     src = "shipped with the model" if "prompts" in inputs.shipped else "given"
@@ -83,9 +88,27 @@ def _method(inputs: Inputs, model: dict[str, Any], results: Sequence[tuple[JobSt
             f"Serving: one sequence at a time, no batching, no prefix cache, no chunked prefill (the serving studies "
             f"measure those).</p>"
             f"<p>Prompts: {len(inputs.records)} from {len(files)} source files ({src}: "
-            f"{', '.join(html_text(p) for p in inputs.prompt_files)}); the set measured is <code>prompts.jsonl</code>."
+            f"{', '.join(html_text(_shown(p)) for p in inputs.prompt_files)}); the set measured is <code>prompts.jsonl</code>."
             f"</p><table><tr><th>source file</th><th>prompts</th></tr>{rows}</table><p>Artefacts:</p><ul>"
             + "".join(given) + f"</ul>{split_html}")
+
+
+def _brief(value: Any) -> str:
+    """A split entry in a line: short lists in full, long ones and dicts by their sizes."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_brief(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) if len(value) <= 6 else f"{len(value)} items"
+    return str(value)
+
+
+def _shown(path: Any) -> str:
+    """A path as the page shows it: relative to the working directory when it lies below it."""
+    p = pathlib.Path(str(path))
+    try:
+        return str(p.resolve().relative_to(pathlib.Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(p)
 
 
 def _not_run(state: JobState) -> str:

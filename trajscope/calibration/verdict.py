@@ -24,12 +24,12 @@ The rules, per artefact (``lo``/``hi``: the 95 % interval a study reports):
   lower end; fails when it reaches 0 (lower end ≤ 0: no effect detected); degrades when it lies wholly
   below the reference's lower end; otherwise undecided.
 - **Steering vector, success** (``steering-success``; regime *from step k*): the same rule on the behavioural
-  success rate (Wilson interval) by start step; fails when no prompt succeeds (lower end 0).
+  success rate (Wilson interval) by start step; fails when its upper end is below 0.1.
 - **Monitor** (``monitor``, per monitor; regime *each planted shift*, its AUROC against its own null arm):
-  fails when the detection AUROC's interval reaches 0.5 (not detected) or its threshold, fitted on clean runs of other files, fires on
-  held-out clean runs above its target rate (the held-out FPR interval starts above the target); transfers
-  when the AUROC interval starts at or above 0.7 and the FPR holds; degrades when the whole AUROC interval
-  lies below 0.7; otherwise undecided.
+  fails when the AUROC interval ends at or below 0.6 (no useful detection beyond noise) or its threshold,
+  fitted on clean runs of other files, fires on held-out clean runs above its target rate (the held-out FPR
+  interval starts above the target); transfers when the AUROC interval starts at or above 0.7 and the FPR
+  holds; degrades when the whole AUROC interval lies below 0.7; otherwise undecided.
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ from typing import Any, Sequence
 from trajscope.studies.registry import Result
 
 AUROC_USEFUL = 0.7
+AUROC_FAILS = 0.6
 FVU_FAILS = 0.5
 CE_FAILS = 0.8
+SUCCESS_FAILS = 0.1
 RULES = {
     "sae": "decode FVU interval vs the prefill FVU interval widened to its seed range: at or below its top → "
            f"transfers; lower end ≥ {FVU_FAILS} → fails; wholly above its top → degrades; else undecided",
@@ -54,11 +56,11 @@ RULES = {
               "reference's lower end → transfers; lower end ≤ 0 → fails; wholly below the reference's lower end → "
               "degrades; else undecided",
     "vector-success": "behavioural success rate when steering starts at decode step k vs at the earliest step: lower "
-                      "end at or above the reference's lower end → transfers; no success (lower end 0) → fails; wholly "
-                      "below the reference's lower end → degrades; else undecided",
-    "monitor": f"detection AUROC interval and held-out false-positive rate: AUROC lower end ≤ 0.5 or held-out FPR "
-               f"above target → fails; AUROC lower end ≥ {AUROC_USEFUL} → transfers; AUROC upper end < "
-               f"{AUROC_USEFUL} → degrades; else undecided",
+                      f"end at or above the reference's lower end → transfers; upper end < {SUCCESS_FAILS} → fails; "
+                      "wholly below the reference's lower end → degrades; else undecided",
+    "monitor": f"detection AUROC interval (against the shift's own null) and held-out false-positive rate: held-out "
+               f"FPR above target, or AUROC upper end ≤ {AUROC_FAILS} → fails; AUROC lower end ≥ {AUROC_USEFUL} → "
+               f"transfers; AUROC upper end < {AUROC_USEFUL} → degrades; else undecided",
 }
 
 
@@ -189,7 +191,7 @@ def success_verdicts(result: Result, job: str, artefact: str) -> list[Verdict]:
         if lo is None or hi is None or ref_lo is None:
             verdict = "undecided"
         else:
-            verdict = ("fails" if lo <= 0 else "transfers" if lo >= ref_lo else "degrades" if hi < ref_lo
+            verdict = ("fails" if hi < SUCCESS_FAILS else "transfers" if lo >= ref_lo else "degrades" if hi < ref_lo
                        else "undecided")
         ev = (f"success {interval(succ.get('value'), lo, hi)} from step {r.get('start_step')} vs "
               f"{interval(ref.get('value'), ref.get('lo'), ref.get('hi'))} from step {rows[0].get('start_step')} "
@@ -222,7 +224,7 @@ def monitor_verdicts(result: Result, job: str) -> list[Verdict]:
         if lo is None or hi is None:
             verdict = "undecided"
         else:
-            verdict = ("fails" if lo <= 0.5 or fpr_bad else "transfers" if lo >= AUROC_USEFUL
+            verdict = ("fails" if hi <= AUROC_FAILS or fpr_bad else "transfers" if lo >= AUROC_USEFUL
                        else "degrades" if hi < AUROC_USEFUL else "undecided")
         null = f" vs {r['null']}" if r.get("null") else ""
         ev = (f"AUROC{null} {interval(r.get('value'), lo, hi)} ({r.get('n_prompts')} prompts); held-out FPR "
