@@ -93,11 +93,11 @@ def probe_plot(res: CardResult) -> hv.Overlay | None:
         parts.append(hv.Scatter(sub, "x", ["accuracy", "lo", "hi", "layer"], label=SETUP_LABELS[s]).opts(
             color=COLORS[s], size=7, tools=["hover"],
             hover_tooltips=[("layer", "@layer"), ("accuracy", "@accuracy{0.000} [@lo{0.000}, @hi{0.000}]")]))
-    sh = (df.filter(pl.col("control") == "shuffled").group_by("layer").agg(pl.col("accuracy").mean())
+    sh = (df.filter(pl.col("control") == "shuffled").group_by("layer", maintain_order=True).agg(pl.col("accuracy").mean())
           .sort("layer").to_pandas())
     parts.append(hv.Curve(sh, "layer", "accuracy", label="shuffled labels (mean over setups)").opts(
         color="#888888", line_dash="dashed"))
-    maj = df.group_by("layer").agg(pl.col("majority").first()).sort("layer").to_pandas()
+    maj = df.group_by("layer", maintain_order=True).agg(pl.col("majority").first()).sort("layer").to_pandas()
     parts.append(hv.Curve(maj, "layer", "majority", label="majority baseline").opts(color="black", line_dash="dotted"))
     return hv.Overlay(parts).opts(
         title="Probe of the masked fact by layer (shipped study, held-out accuracy, 95% CI)", responsive=True,

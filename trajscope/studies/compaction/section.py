@@ -150,10 +150,10 @@ def _figures(summary: pl.DataFrame, probe: pl.DataFrame | None, label: str) -> l
                                     "hi": sub["hi"].to_list()})
             fig.scatter("x", "y", source=src, color=COLORS[s], size=7, legend_label=SETUP_NAMES[s])
             fig.add_layout(Whisker(source=src, base="x", lower="lo", upper="hi", line_color=COLORS[s]))
-        sh = same.filter(pl.col("control") == "shuffled").group_by("layer").agg(pl.col("accuracy").mean()).sort("layer")
+        sh = same.filter(pl.col("control") == "shuffled").group_by("layer", maintain_order=True).agg(pl.col("accuracy").mean()).sort("layer")
         fig.line(sh["layer"].to_list(), sh["accuracy"].to_list(), color="#888", line_dash="dashed",
                  legend_label="shuffled labels (mean over setups)")
-        maj = same.group_by("layer").agg(pl.col("majority").first()).sort("layer")
+        maj = same.group_by("layer", maintain_order=True).agg(pl.col("majority").first()).sort("layer")
         fig.line(maj["layer"].to_list(), maj["majority"].to_list(), color="black", line_dash="dotted",
                  legend_label="majority baseline")
         fig.legend.location = "top_left"

@@ -93,7 +93,7 @@ def step_costs_plot(res: Result, tokens: pl.DataFrame | None, prompt_len: int) -
         prompt_len: P.
     """
     k = res.config.get("k", 8)
-    per = res.table("eviction_steps").group_by("step").agg(pl.col("recall_at_k").mean().cast(pl.Float64).alias("recall"),
+    per = res.table("eviction_steps").sort("step").group_by("step", maintain_order=True).agg(pl.col("recall_at_k").mean().cast(pl.Float64).alias("recall"),
                                          pl.col("evicted_mass").mean().cast(pl.Float64).alias("evicted"))
     per = _with_tokens(per.with_columns(pl.col("step").cast(pl.Int32)), _step_tokens(tokens, prompt_len)).to_pandas()
     hover = [("step", "@step{0}"), ("query token", "@token")]

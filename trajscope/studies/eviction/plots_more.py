@@ -43,7 +43,7 @@ def split_plot(res: Result) -> hv.Overlay:
                  color=ACCUMULATED, tools=["hover"], line_width=2)]
     summ = res.table("eviction_split_summary")
     if summ.height:
-        bands = sp.with_columns(_band()).group_by("depth_band").agg(pl.col("step").min().alias("lo"),
+        bands = sp.with_columns(_band()).group_by("depth_band", maintain_order=True).agg(pl.col("step").min().alias("lo"),
                                                                     pl.col("step").max().alias("hi"))
         for r in summ.join(bands, on="depth_band").iter_rows(named=True):
             for metric, color in (("kl_per_step", PER_STEP), ("kl_accumulated", ACCUMULATED)):

@@ -58,7 +58,7 @@ def effect_curves(steps: pl.DataFrame, strength: float | None = None) -> hv.Over
     sub = steps.filter(pl.col("strength") == strength)
     curves = []
     for i, k in enumerate(sorted(sub["start_step"].unique().to_list())):
-        m = sub.filter(pl.col("start_step") == k).group_by("step").agg(pl.col("kl_to_base").mean()).sort("step")
+        m = sub.filter(pl.col("start_step") == k).group_by("step", maintain_order=True).agg(pl.col("kl_to_base").mean()).sort("step")
         color = LAYER_COLORS[i % len(LAYER_COLORS)]
         curves.append(hv.Curve((m["step"].to_numpy(), np.maximum(m["kl_to_base"].to_numpy(), 1e-6)), "step",
                                "KL", label=f"start at step {k}").opts(color=color, tools=["hover"]))
