@@ -100,7 +100,7 @@ def test_batch_to_layer_stops_after_the_layer_and_equals_forward_batch(tiny_mode
     """The stopping forward reads exactly what the full padded forward reads, and no block after the
     deepest harvested one, nor the unembedding, runs."""
     from trajscope.model.forward import _blocks
-    from trajscope.studies.harvest import batch_to_layer
+    from trajscope.model.batch import batch_to_layer
 
     model = tiny_models[family]
     seqs = [ids for _, ids in _prompts(model)]

@@ -80,7 +80,7 @@ def test_cursor_follows_the_step_and_a_new_run_clears(view, short_run):
     view.run()
     assert view.settings.result is not None, view.settings.status
     view._plots(view.settings.result).get_root(Document())  # draw the plots: the cursors join their figures
-    assert set(view.cursors) == {"costs", "rerun"}
+    assert set(view.cursors) == {"costs", "rerun", "split"}
     view.state.step = 7
     assert {a[0].location for c in view.cursors.values() for a in c.annotations} == {7.0}
     view.state.set_trajectory(short_run)

@@ -31,7 +31,7 @@ WALK = """() => {
   visit(document);
   const injected = all.filter(el =>
       (el.tagName === 'IMG' && el.getAttribute('src') === 'x') ||
-      (el.tagName === 'SCRIPT' && (el.textContent || '').includes('alert(1)')) ||
+      (el.tagName === 'SCRIPT' && (el.textContent || '').trim() === 'alert(1)') ||  // the payload's own script
       (el.tagName.toLowerCase() === 'svg' && el.hasAttribute('onload')) ||
       el.hasAttribute('onerror') || el.hasAttribute('onload') ||
       (el.tagName === 'B' && el.textContent === 'x'));

@@ -227,3 +227,56 @@ def _row_reads(calls: list, i: int, P: int, g: int, a: int, m: int, n: int, keep
             parts.append(pad(keys, (0, T - keys.shape[-1])))
         attn[layer] = torch.cat(parts, dim=1)
     return ForwardResult(logits, resid, attn=attn)
+
+
+class _Stop(Exception):
+    """Raised by the deepest harvested block's hook: nothing after it needs computing."""
+
+
+def batch_to_layer(model: Any, batch: Sequence[Sequence[int]], layers: Sequence[int], *,
+                   padding_side: str = "right") -> list[dict[int, torch.Tensor]]:
+    """Block outputs of ``layers`` for a padded batch, from a forward that stops after the deepest of them.
+
+    The batch is padded and positioned as :meth:`~trajscope.model.ModelHandle.forward_batch` pads it
+    (``cumsum(attention_mask) − 1`` position ids, no cache), so every block up to the deepest harvested one
+    computes what ``forward_batch`` computes; that block's forward hook then raises, so the later blocks,
+    the final norm and the unembedding never run.
+
+    Args:
+        model: a local :class:`~trajscope.model.ModelHandle`.
+        batch: B sequences of token ids (lengths ``T_i``).
+        layers: blocks to read (at least one).
+        padding_side: ``left`` or ``right``.
+    Returns:
+        Per sequence ``{layer: [T_i, d_model]}`` float32 on the CPU, padding rows removed.
+    """
+    from trajscope.model.families import hidden
+    from trajscope.model.forward import _blocks, _device
+
+    wanted = sorted({int(x) for x in layers})
+    if not wanted:
+        raise TrajscopeError("A batched harvest needs at least one layer to read.")
+    ids, att = _padded(model, batch, padding_side)
+    hf = model._local("A batched harvest")
+    dev = _device(hf)
+    blocks = _blocks(hf, model)
+    grabbed: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def hook(_m, _i, out, layer):
+        grabbed[layer] = hidden(out).detach().float().cpu()
+        if layer == wanted[-1]:
+            raise _Stop
+
+    with model.lock, torch.no_grad(), contextlib.ExitStack() as stack:
+        for layer in wanted:
+            handles.append(blocks[layer].register_forward_hook(lambda m, i, o, layer=layer: hook(m, i, o, layer)))
+        stack.callback(lambda: [h.remove() for h in handles])
+        try:
+            hf(input_ids=ids.to(dev), attention_mask=att.to(dev),
+               position_ids=(att.cumsum(-1) - 1).clamp_min(0).to(dev), use_cache=False)
+        except _Stop:
+            pass
+    if len(grabbed) != len(wanted):
+        raise TrajscopeError(f"The batched forward stopped before reading layers {sorted(set(wanted) - set(grabbed))}.")
+    return [{layer: grabbed[layer][i][att[i].bool()] for layer in wanted} for i in range(len(batch))]

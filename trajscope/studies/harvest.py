@@ -5,7 +5,7 @@ configuration and records it on every row:
 
 - ``batch_size`` > 1: prompts go through one padded batch forward (``padding_side`` left or
   right; position ids count real tokens, as the model boundary's ``forward_batch`` does) that
-  **stops after the deepest harvested block** (:func:`batch_to_layer`): the blocks after it and
+  **stops after the deepest harvested block** (:func:`trajscope.model.batch.batch_to_layer`): the blocks after it and
   the unembedding over every position (a ``[B, n, vocab]`` logits tensor) are never computed, and
   the block outputs equal ``forward_batch``'s exactly (tested); per-prompt results equal batch 1
   within the floor;
@@ -22,7 +22,6 @@ prompt, and the :class:`~trajscope.studies.common.Provenance` columns (``dtype``
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any, Sequence
 
@@ -30,6 +29,7 @@ import polars as pl
 import torch
 
 from trajscope.errors import TrajscopeError
+from trajscope.model.batch import batch_to_layer
 from trajscope.studies.common import Provenance
 from trajscope.studies.prefix_cache import plan_reuse
 
@@ -46,60 +46,6 @@ class ServedHarvest:
         """``{prompt_id: [n_computed, d_model]}`` at ``layer``, in position order."""
         comp = self.rows.filter(pl.col("status") == "computed")
         return {pid: self.acts[layer][g["act_row"].to_torch()] for (pid,), g in comp.group_by("prompt_id", maintain_order=True)}
-
-
-class _Stop(Exception):
-    """Raised by the deepest harvested block's hook: nothing after it needs computing."""
-
-
-def batch_to_layer(model: Any, batch: Sequence[Sequence[int]], layers: Sequence[int], *,
-                   padding_side: str = "right") -> list[dict[int, torch.Tensor]]:
-    """Block outputs of ``layers`` for a padded batch, from a forward that stops after the deepest of them.
-
-    The batch is padded and positioned as :meth:`~trajscope.model.ModelHandle.forward_batch` pads it
-    (``cumsum(attention_mask) − 1`` position ids, no cache), so every block up to the deepest harvested one
-    computes what ``forward_batch`` computes; that block's forward hook then raises, so the later blocks,
-    the final norm and the unembedding never run.
-
-    Args:
-        model: a local :class:`~trajscope.model.ModelHandle`.
-        batch: B sequences of token ids (lengths ``T_i``).
-        layers: blocks to read (at least one).
-        padding_side: ``left`` or ``right``.
-    Returns:
-        Per sequence ``{layer: [T_i, d_model]}`` float32 on the CPU, padding rows removed.
-    """
-    from trajscope.model.batch import _padded
-    from trajscope.model.families import hidden
-    from trajscope.model.forward import _blocks, _device
-
-    wanted = sorted({int(x) for x in layers})
-    if not wanted:
-        raise TrajscopeError("A batched harvest needs at least one layer to read.")
-    ids, att = _padded(model, batch, padding_side)
-    hf = model._local("A batched harvest")
-    dev = _device(hf)
-    blocks = _blocks(hf, model)
-    grabbed: dict[int, torch.Tensor] = {}
-    handles = []
-
-    def hook(_m, _i, out, layer):
-        grabbed[layer] = hidden(out).detach().float().cpu()
-        if layer == wanted[-1]:
-            raise _Stop
-
-    with model.lock, torch.no_grad(), contextlib.ExitStack() as stack:
-        for layer in wanted:
-            handles.append(blocks[layer].register_forward_hook(lambda m, i, o, layer=layer: hook(m, i, o, layer)))
-        stack.callback(lambda: [h.remove() for h in handles])
-        try:
-            hf(input_ids=ids.to(dev), attention_mask=att.to(dev),
-               position_ids=(att.cumsum(-1) - 1).clamp_min(0).to(dev), use_cache=False)
-        except _Stop:
-            pass
-    if len(grabbed) != len(wanted):
-        raise TrajscopeError(f"The batched forward stopped before reading layers {sorted(set(wanted) - set(grabbed))}.")
-    return [{layer: grabbed[layer][i][att[i].bool()] for layer in wanted} for i in range(len(batch))]
 
 
 def harvest_served(model: Any, prompts: Sequence[tuple[str, list[int]]], layers: Sequence[int], *, batch_size: int = 1,

@@ -31,6 +31,8 @@ STUDY = register(Study(
     name="steering", question="steering effect by the decode step where steering starts, over equal windows",
     config=SteeringConfig, run=run, section=steering_section, card=_card, title="Steering", order=20,
     uses={"vector": "vector"},
+    # a short pass: 6 prompts, steering from decode step 1 or 8 over an equal 8-step window
+    quick={"max_prompts": 6, "max_tokens": 64, "depths": (1, 8), "window": 8},
     example="trajscope study steering --pairs sample_data/prompts/quotes_pairs.jsonl --layer 3 "
             "--prompts sample_data/prompts/heldout_code.jsonl --depths 1,10,50 --out reports/steering"))
 
