@@ -66,7 +66,7 @@ def _question(config: type) -> str:
 register(Study(name="eviction", question=_question(EvictionConfig), config=EvictionConfig, run=run, section=section,
                card=card, title="Eviction", order=30, shared_defaults={"max_tokens": 0},
                quick={"policies": ("snapkv", "h2o", "streamingllm", "lookahead"), "budgets": (0.5,),
-                      "max_new_tokens": 12},
+                      "max_new_tokens": 12, "max_prompts": 8},
                example=f"trajscope study eviction --prompts {PROMPTS} --budgets 0.2,0.5 --out ev/"))
 register(Study(name="needle", question=_question(NeedleConfig), config=NeedleConfig, run=run_needle,
                section=needle_section,
