@@ -197,6 +197,8 @@ def test_a_kill_mid_run_then_resume_reruns_only_the_unfinished_study(calibrated,
     assert "drift: resumed" in done.stderr and "sae-drift: done" in done.stderr
     assert (out / "report.html").read_bytes() == cal.report.read_bytes()
     assert not [p for p in (out / "studies").rglob(".*")]  # no temporary leftovers
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and ": done" not in again.stderr, again.stderr[-2000:]  # every study resumed
 
 
 def test_bad_input_is_one_sentence_and_writes_nothing(tmp_path, sample_model):

@@ -2,7 +2,8 @@
 
 Each :class:`~trajscope.calibration.plan.Job` writes its study's Result into its own folder under the output
 (``studies/<study>[-<artefact>]/``). The Result's marker (``<study>.result.json``) is written last, so a
-folder with a marker whose config equals the job's is a finished study: a second call (after a kill, or to
+folder with a marker whose config holds the job's settings (every setting the job gives a value) is a
+finished study: a second call (after a kill, or to
 extend a report) skips it and reruns only what has no marker, starting that folder afresh. A study that
 fails is recorded with its one sentence and the others go on. With a budget, a study that would start after
 the budget is spent is not run and the report says so.
@@ -57,7 +58,10 @@ def finished(job: Job, out: pathlib.Path) -> bool:
         stored = json.loads(marker.read_text(encoding="utf-8")).get("config")
     except (OSError, ValueError, AttributeError):
         return False
-    return _normal(stored) == _normal(dataclasses.asdict(job.config()))
+    if not isinstance(stored, dict):
+        return False
+    stored = _normal(stored)  # a study may record more than its config (a resolved layer, the vector's name)
+    return all(v is None or stored.get(k) == v for k, v in _normal(dataclasses.asdict(job.config())).items())
 
 
 def select_prompts(records: Sequence[dict], most: int | None) -> list[dict]:
