@@ -144,6 +144,13 @@ def test_the_success_rule(succ, expect):
     assert v.verdict == expect and v.regime == "success from step 8"
 
 
+def test_no_success_at_the_reference_decides_nothing():
+    rows = [{"start_step": 1, "n": 4, "success": {"value": 0.0, "lo": 0.0, "hi": 0.49}},
+            {"start_step": 4, "n": 4, "success": {"value": 0.0, "lo": 0.0, "hi": 0.49}}]
+    (v,) = verdict.success_verdicts(Result("steering-success", summaries={"by_depth": rows}), "job", "vec")
+    assert v.verdict == "undecided"
+
+
 @pytest.mark.parametrize("k,expect", [((1.0, 0.9, 1.1), "transfers"), ((0.5, 0.4, 0.6), "degrades"),
                                       ((0.3, -0.1, 0.7), "fails"), ((0.9, 0.6, 1.2), "undecided")])
 def test_the_vector_rule(k, expect):

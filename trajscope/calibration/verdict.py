@@ -24,7 +24,8 @@ The rules, per artefact (``lo``/``hi``: the 95 % interval a study reports):
   lower end; fails when it reaches 0 (lower end ≤ 0: no effect detected); degrades when it lies wholly
   below the reference's lower end; otherwise undecided.
 - **Steering vector, success** (``steering-success``; regime *from step k*): the same rule on the behavioural
-  success rate (Wilson interval) by start step; fails when its upper end is below 0.1.
+  success rate (Wilson interval) by start step; fails when its upper end is below 0.1; undecided whenever
+  the reference's own interval reaches 0 (no success shown to compare with).
 - **Monitor** (``monitor``, per monitor; regime *each planted shift*, its AUROC against its own null arm):
   fails when the AUROC interval ends at or below 0.6 (no useful detection beyond noise) or its threshold,
   fitted on clean runs of other files, fires on held-out clean runs above its target rate (the held-out FPR
@@ -57,7 +58,8 @@ RULES = {
               "degrades; else undecided",
     "vector-success": "behavioural success rate when steering starts at decode step k vs at the earliest step: lower "
                       f"end at or above the reference's lower end → transfers; upper end < {SUCCESS_FAILS} → fails; "
-                      "wholly below the reference's lower end → degrades; else undecided",
+                      "wholly below the reference's lower end → degrades; else (or when the reference's own interval "
+                      "reaches 0) undecided",
     "monitor": f"detection AUROC interval (against the shift's own null) and held-out false-positive rate: held-out "
                f"FPR above target, or AUROC upper end ≤ {AUROC_FAILS} → fails; AUROC lower end ≥ {AUROC_USEFUL} → "
                f"transfers; AUROC upper end < {AUROC_USEFUL} → degrades; else undecided",
@@ -191,8 +193,8 @@ def success_verdicts(result: Result, job: str, artefact: str) -> list[Verdict]:
         if lo is None or hi is None or ref_lo is None:
             verdict = "undecided"
         else:
-            verdict = ("fails" if hi < SUCCESS_FAILS else "transfers" if lo >= ref_lo else "degrades" if hi < ref_lo
-                       else "undecided")
+            verdict = ("fails" if hi < SUCCESS_FAILS else "undecided" if ref_lo <= 0  # no success shown at the reference
+                       else "transfers" if lo >= ref_lo else "degrades" if hi < ref_lo else "undecided")
         ev = (f"success {interval(succ.get('value'), lo, hi)} from step {r.get('start_step')} vs "
               f"{interval(ref.get('value'), ref.get('lo'), ref.get('hi'))} from step {rows[0].get('start_step')} "
               f"({r.get('n')} prompts)")
