@@ -258,3 +258,18 @@ def test_a_spent_budget_starts_no_further_study_and_the_page_says_so(tmp_path):
     assert "steering</b> not run: the budget of" in html
     status = json.loads((tmp_path / "b" / "calibration.json").read_text())
     assert [j["state"] for j in status["jobs"]] == ["done", "budget"]
+
+
+def test_below_the_n_floor_a_verdict_is_undecided():
+    import polars as pl
+
+    t = pl.DataFrame([{"monitor": "m", "shift": "steer", "strength": 0.0, "measure": "AUROC", "value": 0.5, "lo": 0.4,
+                       "hi": 0.6, "n_prompts": 4, "fpr_target": 0.05, "fpr_heldout": 0.0, "fpr_heldout_lo": 0.0,
+                       "fpr_heldout_hi": 0.3}])
+    arm = pl.DataFrame([{"shift": "steer", "label": "steer s=1", "strength": 1.0, "monitor": "m", "null": "steer s=0",
+                         "n_prompts": 4, "value": 1.0, "lo": 1.0, "hi": 1.0}])  # a perfect split of 4 prompts
+    (v,) = verdict.monitor_verdicts(Result("monitor", tables={"monitor_summary": t, "monitor_vs_null": arm}), "job")
+    assert v.verdict == "undecided"
+    s = {"ce recovered prefill m": {"value": 0.99, "lo": 0.98, "hi": 0.995},
+         "ce recovered decode m": {"value": 0.99, "lo": 0.985, "hi": 0.995, "n_files": 2}}
+    assert verdict.sae_ce_verdicts(Result("sae-bench", summaries=s), "job")[0].verdict == "undecided"

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from trajscope.calibration.inputs import Inputs
 from trajscope.calibration.plan import SECTIONS, study_of
 from trajscope.calibration.runner import JobState
-from trajscope.calibration.verdict import RULES, Verdict, verdicts
+from trajscope.calibration.verdict import MIN_FILES, MIN_PROMPTS, RULES, Verdict, verdicts
 from trajscope.escaping import html_text
 from trajscope.studies.registry import Result
 
@@ -53,7 +53,8 @@ def _verdict_table(rows: Sequence[Verdict]) -> str:
     counts = Counter(v.verdict for v in rows)
     tally = ", ".join(f"{counts[k]} {k}" for k in ("transfers", "degrades", "fails", "undecided") if counts[k])
     return (f"<table class='verdicts'>{head}{body}</table><p class='note'>{html_text(tally)}. Rules (95 % intervals "
-            f"as each study reports them; 'undecided' means the interval is too wide to decide, n too small):</p>"
+            f"as each study reports them; 'undecided' means the interval is too wide to decide, or fewer than "
+            f"{MIN_PROMPTS} prompts ({MIN_FILES} source files for intervals over files): n too small):</p>"
             f"<ul class='note'>{rules}</ul>")
 
 

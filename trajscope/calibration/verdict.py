@@ -7,7 +7,9 @@ recomputes one, and applies a rule stated here and printed under the table. A ve
   own interval and seed range;
 - **degrades**: worse beyond that noise, but still doing its job;
 - **fails**: not doing its job in decode;
-- **undecided**: the interval is too wide to tell (n too small).
+- **undecided**: the interval is too wide to tell, or n is below the floor at which a bootstrap interval
+  means anything here (fewer than 8 prompts, or 4 source files where the interval is over files): n too
+  small.
 
 The rules, per artefact (``lo``/``hi``: the 95 % interval a study reports):
 
@@ -47,6 +49,8 @@ AUROC_FAILS = 0.6
 FVU_FAILS = 0.5
 CE_FAILS = 0.8
 SUCCESS_FAILS = 0.1
+MIN_PROMPTS = 8  # below this many prompts (or 4 source files, for intervals over files) a verdict is undecided
+MIN_FILES = 4
 RULES = {
     "sae": "decode FVU interval vs the prefill FVU interval widened to its seed range: at or below its top → "
            f"transfers; lower end ≥ {FVU_FAILS} → fails; wholly above its top → degrades; else undecided",
@@ -100,6 +104,12 @@ def interval(value: Any, lo: Any, hi: Any) -> str:
     return f"{fmt(value)} [{fmt(lo)}, {fmt(hi)}]"
 
 
+def too_few(n_prompts: Any = None, n_files: Any = None) -> bool:
+    """Whether a verdict's n is below the floor (module docstring); an unknown n is not held against it."""
+    p, f = _f(n_prompts), _f(n_files)
+    return (p is not None and p < MIN_PROMPTS) or (f is not None and f < MIN_FILES)
+
+
 def sae_verdicts(result: Result, job: str) -> list[Verdict]:
     """One verdict per SAE mix of a ``sae-drift`` Result (regime decode; rule in the module docstring)."""
     out = []
@@ -113,7 +123,7 @@ def sae_verdicts(result: Result, job: str) -> list[Verdict]:
             continue
         tops = [v for v in (_f(pre.get("hi")), _f(pre.get("seed_max"))) if v is not None]
         lo, hi = _f(dec.get("lo")), _f(dec.get("hi"))
-        if not tops or lo is None or hi is None:
+        if not tops or lo is None or hi is None or too_few(dec.get("n_prompts")):
             verdict = "undecided"
         else:
             top = max(tops)
@@ -139,7 +149,7 @@ def sae_ce_verdicts(result: Result, job: str) -> list[Verdict]:
             continue
         bottoms = [v for v in (_f(pre.get("lo")), _f(pre.get("seed_min"))) if v is not None]
         lo, hi = _f(dec.get("lo")), _f(dec.get("hi"))
-        if not bottoms or lo is None or hi is None:
+        if not bottoms or lo is None or hi is None or too_few(n_files=dec.get("n_files")):
             verdict = "undecided"
         else:
             bottom = min(bottoms)
@@ -165,7 +175,7 @@ def vector_verdicts(result: Result, job: str, artefact: str) -> list[Verdict]:
         ref_lo = _f(ref.get("lo"))
         for r in mine[1:]:
             lo, hi = _f(r.get("lo")), _f(r.get("hi"))
-            if lo is None or hi is None or ref_lo is None:
+            if lo is None or hi is None or ref_lo is None or too_few(r.get("n_prompts")):
                 verdict = "undecided"
             else:
                 verdict = ("fails" if lo <= 0 else "transfers" if lo >= ref_lo else "degrades" if hi < ref_lo
@@ -190,7 +200,7 @@ def success_verdicts(result: Result, job: str, artefact: str) -> list[Verdict]:
     for r in rows[1:]:
         succ = r.get("success") or {}
         lo, hi = _f(succ.get("lo")), _f(succ.get("hi"))
-        if lo is None or hi is None or ref_lo is None:
+        if lo is None or hi is None or ref_lo is None or too_few(r.get("n")):
             verdict = "undecided"
         else:
             verdict = ("fails" if hi < SUCCESS_FAILS else "undecided" if ref_lo <= 0  # no success shown at the reference
@@ -223,7 +233,7 @@ def monitor_verdicts(result: Result, job: str) -> list[Verdict]:
         f = fpr.get(r.get("monitor"), {})
         fpr_lo, target = _f(f.get("fpr_heldout_lo")), _f(f.get("fpr_target"))
         fpr_bad = fpr_lo is not None and target is not None and fpr_lo > target
-        if lo is None or hi is None:
+        if lo is None or hi is None or too_few(r.get("n_prompts")):
             verdict = "undecided"
         else:
             verdict = ("fails" if hi <= AUROC_FAILS or fpr_bad else "transfers" if lo >= AUROC_USEFUL
