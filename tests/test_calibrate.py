@@ -273,3 +273,18 @@ def test_below_the_n_floor_a_verdict_is_undecided():
     s = {"ce recovered prefill m": {"value": 0.99, "lo": 0.98, "hi": 0.995},
          "ce recovered decode m": {"value": 0.99, "lo": 0.985, "hi": 0.995, "n_files": 2}}
     assert verdict.sae_ce_verdicts(Result("sae-bench", summaries=s), "job")[0].verdict == "undecided"
+
+
+def test_the_page_does_not_depend_on_what_the_process_imported(calibrated, tmp_path):
+    """Bokeh adds the definitions of every custom model registered in the process (Panel's, once Panel is
+    imported) to a document's JSON; the page leaves them out, so drawing it with Panel imported gives the
+    same bytes as the CLI's process without Panel."""
+    import shutil
+
+    import panel  # noqa: F401  (registers Panel's models with Bokeh)
+
+    cal, out = calibrated
+    copy = shutil.copytree(out, tmp_path / "copy")
+    path, _ = report.write(copy, cal.inputs, cal.summary["model"], cal.states, quick=False)
+    assert path.read_bytes() == cal.report.read_bytes()
+    assert report.drop_defs('{"roots":[1],"defs":[{"a":"x]\\\\"},[2]],"b":2}') == '{"roots":[1],"b":2}'
