@@ -110,17 +110,22 @@ def too_few(n_prompts: Any = None, n_files: Any = None) -> bool:
     return (p is not None and p < MIN_PROMPTS) or (f is not None and f < MIN_FILES)
 
 
+def _phase_pairs(summaries: dict[str, Any], metric: str):
+    """``(mix, prefill, decode)`` for every mix whose ``<metric> prefill <mix>`` and ``<metric> decode <mix>``
+    summaries are both there (mix differences, ``… − …``, left out)."""
+    for key, pre in summaries.items():
+        if not key.startswith(f"{metric} prefill ") or " − " in key or not isinstance(pre, dict):
+            continue
+        mix = key.removeprefix(f"{metric} prefill ")
+        dec = summaries.get(f"{metric} decode {mix}")
+        if isinstance(dec, dict):
+            yield mix, pre, dec
+
+
 def sae_verdicts(result: Result, job: str) -> list[Verdict]:
     """One verdict per SAE mix of a ``sae-drift`` Result (regime decode; rule in the module docstring)."""
     out = []
-    s = result.summaries
-    for key, pre in s.items():
-        if not key.startswith("fvu prefill ") or not isinstance(pre, dict):
-            continue
-        mix = key.removeprefix("fvu prefill ")
-        dec = s.get(f"fvu decode {mix}")
-        if not isinstance(dec, dict):
-            continue
+    for mix, pre, dec in _phase_pairs(result.summaries, "fvu"):
         tops = [v for v in (_f(pre.get("hi")), _f(pre.get("seed_max"))) if v is not None]
         lo, hi = _f(dec.get("lo")), _f(dec.get("hi"))
         if not tops or lo is None or hi is None or too_few(dec.get("n_prompts")):
@@ -139,14 +144,7 @@ def sae_verdicts(result: Result, job: str) -> list[Verdict]:
 def sae_ce_verdicts(result: Result, job: str) -> list[Verdict]:
     """One verdict per SAE mix of a ``sae-bench`` Result: decode CE loss recovered against prefill's."""
     out = []
-    s = result.summaries
-    for key, pre in s.items():
-        if not key.startswith("ce recovered prefill ") or " − " in key or not isinstance(pre, dict):
-            continue
-        mix = key.removeprefix("ce recovered prefill ")
-        dec = s.get(f"ce recovered decode {mix}")
-        if not isinstance(dec, dict):
-            continue
+    for mix, pre, dec in _phase_pairs(result.summaries, "ce recovered"):
         bottoms = [v for v in (_f(pre.get("lo")), _f(pre.get("seed_min"))) if v is not None]
         lo, hi = _f(dec.get("lo")), _f(dec.get("hi"))
         if not bottoms or lo is None or hi is None or too_few(n_files=dec.get("n_files")):
