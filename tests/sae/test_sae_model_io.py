@@ -191,3 +191,29 @@ def test_decode_uses_its_own_inputs_statistics_not_the_last_encode():
     torch.testing.assert_close(sae(x), x_hat)
     with pytest.raises(TrajscopeError, match="statistics"):
         sae.decode(f)
+
+
+@pytest.mark.parametrize("norm", ["none", "constant_norm_rescale", "layer_norm"])
+@pytest.mark.parametrize("rescale", [False, True])
+def test_topk_sae_features_sparse_decode_equals_the_dense_reconstruction(norm, rescale):
+    """sae_features decodes a TopK code from its k active rows; the dense path (encode, decode over every
+    feature) must give the same features, values, L0 and reconstruction error."""
+    from trajscope.sae import sae_features
+    from trajscope.sae.model import SAE, SAEConfig
+
+    sae = SAE(SAEConfig(architecture="topk", d_in=16, d_sae=64, k=8, normalize_activations=norm,
+                        rescale_acts_by_decoder_norm=rescale), seed=1)
+    with torch.no_grad():
+        sae.W_dec.mul_(torch.linspace(0.5, 2.0, 64)[:, None])  # unequal decoder norms, so the rescale matters
+        sae.b_enc.normal_(0, 0.3)  # some rows with fewer than k active features
+    x = acts(n=12, d=16) * 3
+    out = sae_features(sae, x, k=5)
+    x_hat, f = sae.reconstruct(x)
+    value, feature = torch.topk(f, 5, dim=-1, sorted=True)
+    torch.testing.assert_close(out["value"], value.float())
+    active = value > 0
+    assert torch.equal(out["feature"][active], feature[active])
+    assert out["l0"].tolist() == (f > 0).sum(-1).tolist()
+    torch.testing.assert_close(out["sq_err"], ((x - x_hat) ** 2).sum(-1), rtol=1e-5, atol=1e-6)
+    vals, idx = torch.topk(sae.pre_acts(x, sae.input_stats(x)), 8, dim=-1)
+    torch.testing.assert_close(sae.decode_sparse(idx, vals.relu(), sae.input_stats(x)), x_hat, rtol=1e-5, atol=1e-6)

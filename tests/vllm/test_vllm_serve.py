@@ -108,6 +108,10 @@ def test_steering_from_step_k_returns_steered_text_and_a_run_the_report_reads(se
     assert status == 200
     a, b = plain["choices"][0]["text"], steered["choices"][0]["text"]
     assert a != b
+    for r in ("served-plain", "served-french"):  # the server's writer thread saves a run just after its response
+        deadline = time.monotonic() + 30
+        while not (out / r / "meta.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
     runs = [ts.Trajectory.load(out / r) for r in ("served-plain", "served-french")]
     P = runs[0].prompt_len
     assert runs[1].token_ids[:P + k] == runs[0].token_ids[:P + k]

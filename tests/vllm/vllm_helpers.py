@@ -25,8 +25,11 @@ def generate(llm, prompts: list[list[int]], n_new: int, extra: list[dict]) -> li
 
 
 def load_run(out: pathlib.Path, run_id: str):
+    """A finished request's run directory, once the plugin's writer thread has saved it."""
     import trajscope as ts
+    from trajscope.vllm.plugin import flush
 
+    assert flush(timeout=60), "the plugin's writer thread did not save the runs within 60 s"
     return ts.Trajectory.load(out / run_id)
 
 

@@ -142,7 +142,27 @@ class SAE(nn.Module):
         f = f.to(self.W_dec.dtype)
         if self.cfg.architecture == "topk" and self.cfg.rescale_acts_by_decoder_norm:
             f = f / self.W_dec.norm(dim=-1)
-        x = f @ self.W_dec + self.b_dec
+        return self._denormalise(f @ self.W_dec + self.b_dec, stats)
+
+    def decode_sparse(self, idx: torch.Tensor, vals: torch.Tensor, stats: Any = None) -> torch.Tensor:
+        """:meth:`decode` of a code given by its active features: ``idx``/``vals`` ``[..., m]`` (indices
+        and activations; inactive slots may carry value 0). Sums ``m`` decoder rows instead of
+        multiplying by the whole ``[d_sae, d_in]`` decoder: the same reconstruction up to float
+        rounding (the order of the sum), ``d_sae / m`` times less work."""
+        mode = self.cfg.normalize_activations
+        if stats is None and mode in ("constant_norm_rescale", "layer_norm"):
+            raise TrajscopeError(f"This SAE normalises each input ({mode}), so decoding needs that input's "
+                                 "statistics: pass stats=sae.input_stats(x).")
+        vals = vals.to(self.W_dec.dtype)
+        if self.cfg.architecture == "topk" and self.cfg.rescale_acts_by_decoder_norm:
+            vals = vals / self.W_dec.norm(dim=-1)[idx]
+        lead, m = idx.shape[:-1], idx.shape[-1]
+        x = torch.nn.functional.embedding_bag(idx.reshape(-1, m), self.W_dec, mode="sum",
+                                              per_sample_weights=vals.reshape(-1, m))
+        return self._denormalise(x.reshape(*lead, self.cfg.d_in) + self.b_dec, stats)
+
+    def _denormalise(self, x: torch.Tensor, stats: Any) -> torch.Tensor:
+        mode = self.cfg.normalize_activations
         if mode == "constant_norm_rescale":
             return x / stats
         if mode == "layer_norm":
@@ -189,13 +209,22 @@ def sae_features(sae: SAE, resid: torch.Tensor, k: int) -> dict[str, torch.Tenso
         ``sq_norm`` ``[q]`` ‖x‖², ``cos`` ``[q]`` cosine(x, x̂).
     """
     x = resid.to(sae.W_enc.dtype)
-    x_hat, f = sae.reconstruct(x)
-    kk = min(int(k), f.shape[-1])
-    value, feature = torch.topk(f, kk, dim=-1, sorted=True)
+    kk = min(int(k), sae.cfg.d_sae)
+    if sae.cfg.architecture == "topk" and kk <= int(sae.cfg.k):
+        # TopK: the code has at most cfg.k active features, so sort those and decode them alone.
+        stats = sae.input_stats(x)
+        vals, idx = torch.topk(sae.pre_acts(x, stats), int(sae.cfg.k), dim=-1, sorted=True)
+        vals = vals.relu()
+        x_hat = sae.decode_sparse(idx, vals, stats)
+        value, feature, l0 = vals[..., :kk], idx[..., :kk], (vals > 0).sum(-1)
+    else:
+        x_hat, f = sae.reconstruct(x)
+        value, feature = torch.topk(f, kk, dim=-1, sorted=True)
+        l0 = (f > 0).sum(-1)
     err = x - x_hat
     return {
         "feature": feature.to(torch.int64), "value": value.float(),
-        "l0": (f > 0).sum(-1).to(torch.int64),
+        "l0": l0.to(torch.int64),
         "sq_err": err.pow(2).sum(-1).float(), "sq_norm": x.pow(2).sum(-1).float(),
         "cos": torch.nn.functional.cosine_similarity(x, x_hat, dim=-1).float(),
     }
