@@ -15,7 +15,8 @@ CPU runner subclasses), once per process:
   directory under ``$TRAJSCOPE_VLLM_OUT`` (default ``runs/vllm``) before vLLM drops its state.
   So is a request whose output reached ``max_tokens`` or a stop token, right after the
   step that sampled it (:meth:`sample_tokens`), so the last request of a batch is written
-  without waiting for the next one.
+  without waiting for the next one. Each written run is then added to the Prometheus series
+  of :mod:`trajscope.vllm.metrics`.
 
 A request without trajscope keys costs one dictionary lookup per forward; the layer hooks
 return at once when no tracked request is in the batch. ``TRAJSCOPE_VLLM=0`` turns the plugin
@@ -135,6 +136,7 @@ class WorkerState:
                        "prefix_caching": bool(runner.cache_config.enable_prefix_caching),
                        "chunked_prefill": bool(runner.scheduler_config.enable_chunked_prefill)}
         self._tokenizer = None
+        self._metrics = None
         self.model, self.layers, self.handles = model, layers, []
         self.attach()
         _STATE["workers"].append(self)
@@ -241,6 +243,20 @@ class WorkerState:
             runs.save(traj, self.out_dir)
         except Exception as exc:  # a run that cannot be written must not take the server down
             log.warning("trajscope could not write the run of request %s: %s", rid, exc)
+            return
+        try:
+            width = int(self.monitor.catalogue.sae(t.plan.sae).cfg.d_sae) if t.plan.sae else None
+            self.metrics().observe(traj, width)
+        except Exception as exc:
+            log.warning("trajscope could not update its metrics for request %s: %s", rid, exc)
+
+    def metrics(self) -> Any:
+        """The worker's :class:`trajscope.vllm.metrics.RunMetrics` (created at the first written run)."""
+        if self._metrics is None:
+            from trajscope.vllm.metrics import RunMetrics
+
+            self._metrics = RunMetrics()
+        return self._metrics
 
     def tokenizer(self, runner: Any) -> Any:
         if self._tokenizer is None:
