@@ -2,9 +2,8 @@
 
 vLLM's own prefix-cache hit counts are checked against an independent model of its cache: the
 longest prefix each prompt shares with the prompts before it, capped at its length − 1 and rounded
-down to whole 16-token blocks (:func:`trajscope.studies.prefix_cache.plan_reuse` computes the same
-from the token ids alone). The chunked engine's alone runs must give the same greedy tokens as the
-reference engine's.
+down to whole blocks of 32 tokens, computed from the token ids alone. The coverage map, the chunked and
+batched parts and the section are checked for shape.
 """
 
 from __future__ import annotations

@@ -38,7 +38,6 @@ class ServingVllmConfig:
     header: str = field(default="default", metadata={"help": (
         "text prepended to every prompt, the shared prefix the prefix cache reuses ('default': a fixed system "
         "prompt / license header; 'none': no header)")})
-    layer: int | None = field(default=None, metadata={"help": "block whose output is compared (default: the middle one)"})
     new_tokens: int = field(default=8, metadata={"help": "greedy tokens generated per request"})
     batch_size: int = field(default=4, metadata={"help": "requests per co-scheduled call (the prompt plus neighbours)"})
     neighbours: tuple[str, ...] = field(default=NEIGHBOURS, metadata={"help": (
@@ -46,7 +45,7 @@ class ServingVllmConfig:
     slots: tuple[str, ...] = field(default=("first", "last"), metadata={"help": "the prompt's place among the requests"})
     chunks: tuple[int, ...] = field(default=(16,), metadata={"help": (
         "chunked-prefill token budgets per forward (one engine each; empty: no chunked part)")})
-    prefix_cache: bool = field(default=True, metadata={"help": "run the prefix-cache part (prompts in order, one cache)"})
+    no_prefix_cache: bool = field(default=False, metadata={"help": "leave out the prefix-cache part (prompts in order, one cache)"})
     block: int = field(default=32, metadata={"help": "vLLM's KV block size in tokens, the prefix cache's granularity (the CPU backend takes multiples of 32)"})
 
     def __post_init__(self) -> None:

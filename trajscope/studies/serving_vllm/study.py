@@ -66,7 +66,7 @@ def plan_calls(prompts: Sequence[tuple[str, list[int]]], config: Any) -> dict[st
                 target = {"run_id": tag, "ids": ids, "salt": f"{tag}-0"}
                 rest = [{"ids": prompts[j][1], "salt": f"{tag}-{n + 1}"} for n, j in enumerate(others)]
                 ref.append([target, *rest] if slot == "first" else [*rest, target])
-    if config.prefix_cache:
+    if not config.no_prefix_cache:
         ref += [[{"run_id": f"prefix-{i}", "ids": ids, "salt": "shared"}] for i, (_, ids) in enumerate(prompts)]
     out = {"reference": ref}
     for c in config.chunks:
@@ -139,7 +139,7 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]] | None, config: Any
 
     if not prompts or len(prompts) < 2:
         raise TrajscopeError("The serving-vllm study needs at least 2 prompts (neighbours come from the same set).")
-    layer = int(layers[0]) if layers else (model.n_layers // 2 if config.layer is None else config.layer)
+    layer = int(layers[0]) if layers else model.n_layers // 2  # --layers: the first one given
     if not 0 <= layer < model.n_layers:
         raise TrajscopeError(f"Layer {layer} is out of range; the model has layers 0..{model.n_layers - 1}.")
     model_dir = model.source_path
