@@ -110,7 +110,8 @@ class RunMetrics:
         s["positions"].labels(name, layer, "current").set(cur.positions)
         for f in w.top_baseline(TOP_FEATURES):
             s["rate"].labels(name, layer, str(f), "baseline").set(float(base.rates[f]))
-            s["rate"].labels(name, layer, str(f), "current").set(float(cur.rates[f]))
+            if cur.requests:  # an empty current window has no rates
+                s["rate"].labels(name, layer, str(f), "current").set(float(cur.rates[f]))
         kl = w.kl()
         if kl is not None:
             s["kl"].labels(name, layer).set(kl)
