@@ -13,7 +13,7 @@ import pathlib
 
 import pytest
 
-from vllm_helpers import BATCH_TEXTS, LAYER, N_NEW, PROMPT, ROOT, SMOLLM2, float32_floor
+from vllm_helpers import BATCH_TEXTS, LAYER, N_NEW, PROMPT, RATE_WINDOWS, ROOT, SMOLLM2, float32_floor
 
 
 def _selected(config) -> bool:
@@ -37,6 +37,7 @@ def artefacts(root: pathlib.Path) -> pathlib.Path:
     (root / "profiles").mkdir()
     (root / "vectors").mkdir()
     (root / "saes" / "layer15-prefill-only").symlink_to(SMOLLM2 / "saes" / "layer15-prefill-only")
+    (root / "saes" / "layer15-hybrid").symlink_to(SMOLLM2 / "saes" / "layer15-hybrid")  # the metrics test's alone
     (root / "profiles" / "smollm2.safetensors").symlink_to(SMOLLM2 / "profile.safetensors")
     (root / "profiles" / "trajscope-tiny.safetensors").symlink_to(ROOT / "sample_data" / "profiles" / "trajscope-tiny.safetensors")
     (root / "vectors" / "french.safetensors").symlink_to(SMOLLM2 / "vectors" / "french_caa_layer6.safetensors")
@@ -58,6 +59,7 @@ def engine(tmp_path_factory, model_dir):
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", TRAJSCOPE_VLLM_OUT=str(out), TRAJSCOPE_VLLM_ARTEFACTS=str(cat),
                       TRAJSCOPE_VLLM_MODEL=str(model_dir))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.update(TRAJSCOPE_VLLM_BASELINE_REQUESTS=str(RATE_WINDOWS[0]), TRAJSCOPE_VLLM_WINDOW_REQUESTS=str(RATE_WINDOWS[1]))
     from vllm import LLM
 
     from trajscope.vllm.admission import TrajscopeAdmission

@@ -3,7 +3,8 @@
 ``python -m trajscope.vllm.serve smollm2 -- --port N`` is started as a subprocess; bad trajscope keys get
 HTTP 400 with one sentence and the server keeps serving; a request steered from step k returns steered text
 whose first k tokens are the unsteered ones; its run directory opens with ``Trajectory.load`` and goes into
-the comparison report.
+the comparison report; ``/metrics`` lists the plugin's ``trajscope_*`` series beside vLLM's own, with the
+values the served runs' Parquet files give.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import urllib.request
 
 import pytest
 
-from vllm_helpers import ROOT, SMOLLM2
+from vllm_helpers import ROOT, SMOLLM2, expected_series
 
 pytestmark = pytest.mark.vllm
 PROMPT = "The capital of France is"
@@ -46,7 +47,8 @@ def _post(port: int, body: dict) -> tuple[int, dict]:
 def server(tmp_path_factory):
     out = tmp_path_factory.mktemp("served-runs")
     port = _free_port()
-    env = dict(os.environ, TRAJSCOPE_VLLM_OUT=str(out), VLLM_CPU_KVCACHE_SPACE="1",
+    env = dict(os.environ, TRAJSCOPE_VLLM_OUT=str(out), VLLM_CPU_KVCACHE_SPACE="1", TRAJSCOPE_VLLM_BASELINE_REQUESTS="1",
+               TRAJSCOPE_VLLM_WINDOW_REQUESTS="1",
                TRAJSCOPE_VLLM_ARTEFACTS=os.pathsep.join([str(SMOLLM2), str(ROOT / "sample_data")]))
     log = open(out / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "trajscope.vllm.serve", "smollm2", "--", "--port", str(port),
@@ -120,3 +122,48 @@ def test_steering_from_step_k_returns_steered_text_and_a_run_the_report_reads(se
     assert runs[1].features is not None and runs[1].probe is not None and runs[1].meta["steering"][0]["start_step"] == k
     html = pathlib.Path(ts.compare(runs).save(tmp_path / "report.html")).read_text()
     assert "served-french" in html
+
+
+def test_metrics_endpoint_lists_trajscope_series_beside_vllms_with_the_runs_values(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port, out = server
+    ids = []
+    for i, prompt in enumerate(("The capital of France is", "Write a haiku about rain.")):
+        status, _ = _post(port, {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                 "vllm_xargs": {"trajscope_run_id": f"served-metrics{i}", "trajscope_profile": "smollm2",
+                                                "trajscope_sae": "layer15-hybrid"}})
+        assert status == 200
+        ids.append(f"served-metrics{i}")
+    deadline = time.monotonic() + 30
+    while True:  # the server's writer thread saves a run just after its response, then counts it
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for fam in text_string_to_metric_families(text) for s in fam.samples}
+        saved = [d for d in out.iterdir() if (d / "meta.json").is_file()]
+        counted = samples.get(("trajscope_requests_total", (("layer", "15"),)))
+        if (all((out / i / "meta.json").is_file() for i in ids) and counted == len(saved)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    names = {n for n, _ in samples}
+    assert any(n.startswith("vllm:") for n in names)  # vLLM's own series, in the same scrape
+
+    def val(name, **labels):
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    # every run this server wrote (the other tests' included) goes into the drift series
+    runs = sorted(d for d in out.iterdir() if (d / "meta.json").is_file())
+    drift = expected_series(runs, 4608, 1, 1)
+    lab = {"profile": "smollm2", "layer": "15"}
+    assert val("trajscope_drift_score_count", **lab) == drift["drift_count"] > 0
+    assert val("trajscope_drift_score_sum", **lab) == pytest.approx(drift["drift_sum"], rel=1e-9)
+    assert val("trajscope_drift_flagged_steps_total", **lab) == drift["flagged"]
+    assert val("trajscope_requests_total", layer="15") == len(runs)
+    # layer15-hybrid is this test's alone: baseline window = its first request, current window = its second
+    want = expected_series([out / i for i in ids], 4608, 1, 1)
+    sae = {"sae": "layer15-hybrid", "layer": "15"}
+    assert val("trajscope_sae_reconstruction_error_count", **sae) == want["recon_count"]
+    assert val("trajscope_sae_reconstruction_error_sum", **sae) == pytest.approx(want["recon_sum"], rel=1e-9)
+    assert val("trajscope_sae_window_positions", **sae, window="current") == want["current_positions"] == 7
+    assert val("trajscope_sae_feature_rate_kl", **sae) == pytest.approx(want["kl"], rel=1e-9)

@@ -13,6 +13,7 @@ BATCH_TEXTS = ("Hi", "Write a short poem about the sea and the wind in the eveni
                PROMPT + " Berlin, and of Spain")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMOLLM2 = ROOT / "sample_data" / "smollm2"
+RATE_WINDOWS = (2, 2)  # baseline and current feature-rate windows, in requests, of the test engines
 
 
 def generate(llm, prompts: list[list[int]], n_new: int, extra: list[dict]) -> list:
@@ -64,3 +65,39 @@ def float32_floor(model_dir, sequences: list[list[int]], layer: int = LAYER) -> 
     finally:
         torch.set_num_threads(threads)
     return worst
+
+
+def expected_series(run_dirs: list[pathlib.Path], sae_width: int, baseline: int, window: int) -> dict:
+    """The trajscope_* values recomputed from the runs' Parquet files alone (polars + numpy + SciPy, not trajscope):
+    drift sum/count/flagged over the probe tables, reconstruction error sum/count over ``tokens.sae_rel_err``,
+    and the feature-rate windows over the decode-position firings of ``features``, in the given finish order."""
+    import numpy as np
+    import polars as pl
+    from scipy.stats import entropy
+
+    out = {"drift_sum": 0.0, "drift_count": 0, "flagged": 0, "recon_sum": 0.0, "recon_count": 0}
+    per_req = []
+    for d in run_dirs:
+        if (d / "probe.parquet").is_file():
+            probe = pl.read_parquet(d / "probe.parquet")
+            out["drift_sum"] += float(probe["score"].cast(pl.Float64).sum())
+            out["drift_count"] += probe.height
+            out["flagged"] += int((probe["score"] > probe["threshold"]).sum())
+        if (d / "features.parquet").is_file():
+            err = pl.read_parquet(d / "tokens.parquet")["sae_rel_err"].drop_nulls()
+            out["recon_sum"] += float(err.cast(pl.Float64).sum())
+            out["recon_count"] += err.len()
+            f = pl.read_parquet(d / "features.parquet").filter(pl.col("step") >= 1, pl.col("value") > 0)
+            n_pos = int((pl.read_parquet(d / "activations.parquet")["step"] >= 1).sum())
+            per_req.append((np.bincount(f["feature"].to_numpy(), minlength=sae_width), n_pos))
+    if per_req:
+        base = sum(c for c, _ in per_req[:baseline])
+        cur_reqs = per_req[baseline:][-window:]
+        out["baseline_positions"] = sum(n for _, n in per_req[:baseline])
+        out["baseline_rates"] = base / out["baseline_positions"]
+        if cur_reqs:
+            cur = sum(c for c, _ in cur_reqs)
+            out["current_positions"] = sum(n for _, n in cur_reqs)
+            out["current_rates"] = cur / out["current_positions"]
+            out["kl"] = float(entropy((cur + 0.5) / (cur + 0.5).sum(), (base + 0.5) / (base + 0.5).sum()))
+    return out

@@ -13,12 +13,13 @@ CPU runner subclasses), once per process:
 - ``model.compute_logits``: the next-token distribution of each tracked request;
 - ``_update_states``: a request that the scheduler reports finished is handed to a writer
   thread, which saves it as a run directory under ``$TRAJSCOPE_VLLM_OUT`` (default
-  ``runs/vllm``; written atomically, so a reader never sees half a run). So is a request whose
-  output reached ``max_tokens`` or a stop token, right after the step that sampled it
-  (:meth:`sample_tokens`), so the last request of a batch is written without waiting for the
-  next one. The engine's step never waits for Parquet: building and saving a run (about 13 ms
-  for a 70-position SmolLM2 request on one core) runs beside the next forwards. :func:`flush`
-  waits until every finished request is on disk.
+  ``runs/vllm``; written atomically, so a reader never sees half a run) and adds it to the
+  Prometheus series of :mod:`trajscope.vllm.metrics`. So is a request whose output reached
+  ``max_tokens`` or a stop token, right after the step that sampled it (:meth:`sample_tokens`),
+  so the last request of a batch is written without waiting for the next one. The engine's step
+  never waits for Parquet: building and saving a run (about 13 ms for a 70-position SmolLM2
+  request on one core) runs beside the next forwards. :func:`flush` waits until every finished
+  request is on disk and counted.
 
 A request without trajscope keys costs one dictionary lookup per forward; the layer hooks
 return at once when no tracked request is in the batch. ``TRAJSCOPE_VLLM=0`` turns the plugin
@@ -148,6 +149,7 @@ class WorkerState:
                        "chunked_prefill": bool(runner.scheduler_config.enable_chunked_prefill)}
         self._tokenizer = None
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajscope-writer")
+        self._metrics = None
         self.model, self.layers, self.handles = model, layers, []
         self.attach()
         _STATE["workers"].append(self)
@@ -257,13 +259,28 @@ class WorkerState:
 
         def write() -> None:  # on the writer thread: `t` left the monitor, so nothing else touches it
             try:
-                runs.save(runs.trajectory(t, out, tok, self.model_info, reason, thr, self.engine), self.out_dir)
+                traj = runs.trajectory(t, out, tok, self.model_info, reason, thr, self.engine)
+                runs.save(traj, self.out_dir)
             except Exception as exc:
                 log.warning("trajscope could not write the run of request %s: %s", rid, exc)
+                return
+            try:
+                width = int(self.monitor.catalogue.sae(t.plan.sae).cfg.d_sae) if t.plan.sae else None
+                self.metrics().observe(traj, width)
+            except Exception as exc:
+                log.warning("trajscope could not update its metrics for request %s: %s", rid, exc)
 
         fut = self._writer.submit(write)
         _PENDING.add(fut)
         fut.add_done_callback(_PENDING.discard)
+
+    def metrics(self) -> Any:
+        """The worker's :class:`trajscope.vllm.metrics.RunMetrics` (created at the first written run)."""
+        if self._metrics is None:
+            from trajscope.vllm.metrics import RunMetrics
+
+            self._metrics = RunMetrics()
+        return self._metrics
 
     def tokenizer(self, runner: Any) -> Any:
         if self._tokenizer is None:

