@@ -25,7 +25,6 @@ from trajscope.calibration.plan import SECTIONS, study_of
 from trajscope.calibration.runner import JobState
 from trajscope.calibration.verdict import MIN_FILES, MIN_PROMPTS, RULES, Verdict, verdicts
 from trajscope.escaping import html_text
-from trajscope.reports.page import canonical_ids, drop_defs  # noqa: F401  (the page's drawing, re-exported)
 from trajscope.studies.registry import Result
 
 REPORT = "report.html"
