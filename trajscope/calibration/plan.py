@@ -9,7 +9,7 @@ one: a field typed as a tuple takes them all; a single-valued field runs the stu
 
 Artefacts are judged on prompts they were not fitted on: when the inputs record the source files an artefact
 was fitted on (``Inputs.seen_files``), the studies in :data:`HELD_OUT` run on the other files' prompts only,
-and a study hands them to the config fields it names in ``Study.uses`` (:data:`SEEN_KINDS`): ``"seen_files"``
+and a study takes them in the config fields it names in ``Study.uses`` under two kinds: ``"seen_files"``
 takes every recorded file (the SAE bench reports rows of those files apart), ``"seen_prompt_files"`` the seen
 files among the prompts' files, given only when some prompts' files are unseen (the steering-success study
 leaves them out, the monitor study fits on them and evaluates on the rest).
@@ -57,7 +57,6 @@ SECTIONS: tuple[Section, ...] = (
 
 REQUIRES: dict[str, tuple[str, ...]] = {"sae-drift": ("sae",), "sae-bench": ("sae",), "steering": ("vector",),
                                          "steering-success": ("vector",), "monitor": ("vector",)}
-SEEN_KINDS = ("seen_files", "seen_prompt_files")  # Study.uses kinds that take the artefacts' seen source files
 HELD_OUT = ("sae-drift",)  # studies that judge an artefact on prompts: only files it was not fitted on
 RUNNER_KEYS = ("max_prompts", "max_tokens")
 DEFAULT_MAX_TOKENS = 96
