@@ -56,7 +56,9 @@ def drift_section(result: Result) -> Section:
 
 SEGMENT_NOTE = ("Rows by the chat segment of their position: in prefill the prompt's turns (system, user, and the "
                 "generation prompt, which is assistant), in decode the generated answer (assistant, or thinking "
-                "inside a thought). A plain-text prompt is all user.")
+                "inside a thought). A plain-text prompt is all user. Text every prompt shares (a template's default "
+                "system turn) gives the same residuals in every prompt: those rows are one sample repeated, and "
+                "their interval is narrow for that reason, not because the rate is known.")
 
 
 def segment_html(result: Result) -> str:
