@@ -17,6 +17,7 @@ import torch
 from trajscope.calibration import calibrate, report, verdict
 from trajscope.calibration.plan import SECTIONS, study_of
 from trajscope.errors import TrajscopeError
+from trajscope.reports import page
 from trajscope.studies.registry import Result
 from test_report_studies import _fetched
 
@@ -179,7 +180,7 @@ def test_the_monitor_rule(auroc, fpr_lo, expect):
 def test_ids_are_renumbered_in_order():
     a = '<div id="0f8e1c2a-1111-4222-8333-444455556666" data-root-id="p1234"></div>{"id":"p1234"},{"id":"p1240"}'
     b = a.replace("p1234", "p2001").replace("p1240", "p2002").replace("0f8e1c2a", "aaaaaaaa")
-    assert report.canonical_ids(a) == report.canonical_ids(b) and "p1001" in report.canonical_ids(a)
+    assert page.canonical_ids(a) == page.canonical_ids(b) and "p1001" in page.canonical_ids(a)
 
 
 def test_a_kill_mid_run_then_resume_reruns_only_the_unfinished_study(calibrated, tmp_path):
@@ -287,4 +288,4 @@ def test_the_page_does_not_depend_on_what_the_process_imported(calibrated, tmp_p
     copy = shutil.copytree(out, tmp_path / "copy")
     path, _ = report.write(copy, cal.inputs, cal.summary["model"], cal.states, quick=False)
     assert path.read_bytes() == cal.report.read_bytes()
-    assert report.drop_defs('{"roots":[1],"defs":[{"a":"x]\\\\"},[2]],"b":2}') == '{"roots":[1],"b":2}'
+    assert page.drop_defs('{"roots":[1],"defs":[{"a":"x]\\\\"},[2]],"b":2}') == '{"roots":[1],"b":2}'

@@ -70,3 +70,41 @@ def test_top_k_mean_diff_and_balanced_rows():
     probe = SP.fit_probe(X[rows][:, [7]], y[rows])
     assert probe.C == 1.0 and probe.max_iter == 1000 and probe.penalty in ("l2", "deprecated")  # L2: the default
     assert getattr(probe, "l1_ratio", None) in (None, 0, 0.0)
+
+
+def test_file_boot_draw_is_the_ratio_over_the_resampled_rows():
+    """One draw (files a, a, c) of :class:`FileBoot` is Σnum / Σden over those files' rows stacked."""
+    rng = np.random.default_rng(2)
+    files = rng.choice(["a", "b", "c"], 50)
+    num, den = rng.random(50), rng.random(50) + 0.5
+    fb = SP.FileBoot(files, n_boot=1, seed=0)
+    fb.__dict__["D"] = np.array([[2.0, 0.0, 1.0]])  # the draw a, a, c (labels sorted)
+    rows = np.concatenate([np.flatnonzero(files == f) for f in ("a", "a", "c")])
+    point, boot = fb.ratio(num, den)
+    assert point == pytest.approx(num.sum() / den.sum()) and boot[0] == pytest.approx(num[rows].sum() / den[rows].sum())
+    assert fb.counts(num > 0.5).tolist() == [float(((files == f) & (num > 0.5)).sum()) for f in ("a", "b", "c")]
+    assert SP.FileBoot(files, n_boot=40, seed=1).D.sum(1).tolist() == [3.0] * 40  # k files per resample
+
+
+def test_the_sae_bench_core_draws_its_files_through_file_boot(monkeypatch):
+    """The SAE bench's FVU interval comes from the same draws: fixing them (files a, a, b) makes the interval
+    the FVU of those rows stacked, centred on the group's mean."""
+    import polars as pl
+    import torch
+
+    from trajscope.studies.sae_bench import core
+
+    n, d = 30, 4
+    g = torch.Generator().manual_seed(0)
+    x, xh = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    files = np.array(["a", "b", "c"] * 10)
+    rows = pl.DataFrame({"file": files, "kind": ["code"] * n, "phase": ["prefill"] * n, "segment": ["code"] * n,
+                         "prompt_id": files})
+    monkeypatch.setattr(SP, "_draws", lambda k, n_boot, seed: np.array([[2.0, 1.0, 0.0]]))
+    table, _ = core.core_tables(x, rows, {("m", 0): (xh, torch.ones(n, 3))}, None, n_boot=1, seed=0)
+    r = table.filter((pl.col("kind") == "all") & (pl.col("segment") == "all")).row(0, named=True)
+    x64, xh64 = x.double().numpy(), xh.double().numpy()
+    err, cen = ((x64 - xh64) ** 2).sum(1), ((x64 - x64.mean(0)) ** 2).sum(1)
+    stack = np.concatenate([np.flatnonzero(files == f) for f in ("a", "a", "b")])
+    assert r["fvu"] == pytest.approx(err.sum() / cen.sum())
+    assert r["fvu_lo"] == pytest.approx(err[stack].sum() / cen[stack].sum()) == pytest.approx(r["fvu_hi"])

@@ -38,8 +38,8 @@ def test_registered_with_flags_quick_preset_and_uses(capsys):
 
     study = get("sae-bench")
     assert study.config is sae_bench.SaeBenchConfig and "sae-bench" in studies()
-    assert study.uses == {"sae": "saes", "prompt_files": "prompt_files"} and set(study.quick) <= {f.name for f in
-                                                                 __import__("dataclasses").fields(study.config)}
+    assert study.uses == {"sae": "saes", "prompt_files": "prompt_files", "seen_files": "sae_train_files"}
+    assert set(study.quick) <= {f.name for f in __import__("dataclasses").fields(study.config)}
     sae_bench.SaeBenchConfig(**study.quick)  # the preset is a valid config
     with pytest.raises(SystemExit):
         main(["study", "sae-bench", "--help"])

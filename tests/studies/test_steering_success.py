@@ -177,7 +177,7 @@ def test_the_success_rate_is_one_value_in_the_report_and_the_marker(sample_model
 
 def test_it_is_registered_with_its_artefacts_and_a_quick_preset():
     study = get("steering-success")
-    assert dict(study.uses) == {"vector": "vector", "sae": "sae"}
+    assert dict(study.uses) == {"vector": "vector", "sae": "sae", "seen_prompt_files": "exclude_files"}
     cfg = study.config(**study.quick)
     assert cfg.new_tokens <= 8 and cfg.heldout_prompts <= 8 and len(cfg.sweep_layers) == 1
 

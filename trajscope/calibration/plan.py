@@ -9,8 +9,10 @@ one: a field typed as a tuple takes them all; a single-valued field runs the stu
 
 Artefacts are judged on prompts they were not fitted on: when the inputs record the source files an artefact
 was fitted on (``Inputs.seen_files``), the studies in :data:`HELD_OUT` run on the other files' prompts only,
-a study with ``sae_train_files`` reports them apart, and one with ``fit_files`` fits on them and evaluates on
-the rest.
+and a study takes them in the config fields it names in ``Study.uses`` under two kinds: ``"seen_files"``
+takes every recorded file (the SAE bench reports rows of those files apart), ``"seen_prompt_files"`` the seen
+files among the prompts' files, given only when some prompts' files are unseen (the steering-success study
+leaves them out, the monitor study fits on them and evaluates on the rest).
 
 Settings are the study's defaults, its ``quick`` overrides under ``--quick``, then the artefacts. Two
 keys of ``quick`` are the runner's, not the config's: ``max_prompts`` (prompts taken round-robin over
@@ -102,22 +104,22 @@ def _artefacts(inputs: Inputs, kind: str) -> list[pathlib.Path]:
             "prompt_files": list(inputs.prompt_files)}.get(kind, [])
 
 
-def _held_out_settings(name: str, study: Study, inputs: Inputs) -> dict[str, Any]:
-    """Config settings that keep an artefact's evaluation off the files it was fitted on (module docstring)."""
+def _held_out_settings(study: Study, inputs: Inputs) -> dict[str, Any]:
+    """The config settings of the study's seen-file kinds (``Study.uses``; module docstring): ``"seen_files"``
+    takes every file the artefacts record, ``"seen_prompt_files"`` the seen ones among the prompts' files when
+    the prompts also hold unseen files (a split with two sides)."""
     from trajscope.studies.monitor.config import file_of
 
     if not inputs.seen_files:
         return {}
-    fields = {f.name for f in dataclasses.fields(study.config)}
     files = sorted({file_of(r["id"]) for r in inputs.records})
     seen = [f for f in files if f in set(inputs.seen_files)]
-    if "sae_train_files" in fields:  # reports the unseen files apart and takes its headline from them
-        return {"sae_train_files": tuple(inputs.seen_files)}
-    if "exclude_files" in fields and len(seen) < len(files):  # evaluates on the other files only
-        return {"exclude_files": tuple(seen)}
-    if "fit_files" in fields and seen and len(seen) < len(files):  # fit on seen files, evaluate on the rest
-        return {"fit_files": tuple(seen)}
-    return {}
+    out: dict[str, Any] = {}
+    if "seen_files" in study.uses:
+        out[study.uses["seen_files"]] = tuple(inputs.seen_files)
+    if "seen_prompt_files" in study.uses and seen and len(seen) < len(files):
+        out[study.uses["seen_prompt_files"]] = tuple(seen)
+    return out
 
 
 def jobs(inputs: Inputs, quick: bool = False) -> list[Job]:
@@ -136,7 +138,7 @@ def jobs(inputs: Inputs, quick: bool = False) -> list[Job]:
             if quick:
                 for k, v in study.quick.items():
                     (runner if k in RUNNER_KEYS else over)[k] = v
-            over.update(_held_out_settings(name, study, inputs))
+            over.update(_held_out_settings(study, inputs))
             base = dict(section=sec.key, study=name, max_prompts=runner["max_prompts"], max_tokens=runner["max_tokens"],
                         held_out=name in HELD_OUT and bool(inputs.seen_files))
             if need:

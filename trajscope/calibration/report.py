@@ -7,9 +7,9 @@ question (:data:`trajscope.calibration.plan.SECTIONS`). A question's section is 
 sections, each rendered by the study from the Result on disk: no number is recomputed here. A study that
 was not run says why (no artefact, the budget, or its one-sentence failure).
 
-The page holds no wall time or date, its Bokeh ids are renumbered in order of appearance and the custom-model
-definitions Bokeh adds for whatever the process imported (Panel's) are left out, so the same Results always
-give the same bytes: a report resumed after a kill equals one run straight through.
+The page holds no wall time or date and is drawn by :func:`trajscope.reports.page.render` (Bokeh ids renumbered,
+the custom-model definitions of whatever the process imported left out), so the same Results always give the
+same bytes: a report resumed after a kill equals one run straight through.
 BokehJS is inline; nothing is fetched.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 from collections import Counter
 from typing import Any, Sequence
 
@@ -118,81 +117,11 @@ def _not_run(state: JobState) -> str:
     return (f"<p class='note'><b>{html_text(state.job.key)}</b> {what}: {html_text(state.why)}.</p>")
 
 
-def _bokeh_onload() -> str:
-    """Bokeh's own wrapper of a page's figure script, read from its source (Panel replaces the module's
-    ``_ONLOAD`` when it is imported, which would make the page depend on the process's imports)."""
-    import ast
-
-    import bokeh.embed.wrappers as wrappers
-
-    tree = ast.parse(pathlib.Path(wrappers.__file__).read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_ONLOAD" for t in node.targets):
-            return ast.literal_eval(node.value)
-    return wrappers._ONLOAD
-
-
-def _components(figs: list) -> tuple[str, list]:
-    """Bokeh's ``components`` drawn with Bokeh's own script wrapper (see :func:`_bokeh_onload`)."""
-    import bokeh.embed.wrappers as wrappers
-    from bokeh.embed import components
-
-    if not figs:
-        return "", []
-    was = wrappers._ONLOAD
-    wrappers._ONLOAD = _bokeh_onload()
-    try:
-        return components(figs)
-    finally:
-        wrappers._ONLOAD = was
-
-
-def drop_defs(html: str) -> str:
-    """The page without the ``"defs"`` entries Bokeh adds to each document for the custom models registered in
-    the process (Panel's, once Panel is imported): the report's figures use none, and with them the bytes would
-    depend on what else the process had imported."""
-    out, i, key = [], 0, ',"defs":['
-    while (j := html.find(key, i)) >= 0:
-        out.append(html[i:j])
-        k, depth, in_str = j + len(key), 1, False
-        while depth and k < len(html):
-            c = html[k]
-            if in_str:
-                if c == "\\":
-                    k += 1
-                elif c == '"':
-                    in_str = False
-            elif c == '"':
-                in_str = True
-            elif c == "[":
-                depth += 1
-            elif c == "]":
-                depth -= 1
-            k += 1
-        i = k
-    out.append(html[i:])
-    return "".join(out)
-
-
-def canonical_ids(html: str) -> str:
-    """Bokeh's model ids (``p1234``) and document ids (UUIDs) renumbered in order of appearance."""
-    seen: dict[str, dict[str, str]] = {"p": {}, "uuid": {}}
-
-    def sub(m: re.Match) -> str:
-        key = m.group(0)
-        kind = seen["p" if key.startswith("p") else "uuid"]
-        if key not in kind:
-            kind[key] = f"p{len(kind) + 1001}" if key.startswith("p") else f"00000000-0000-4000-8000-{len(kind):012d}"
-        return kind[key]
-
-    return re.sub(r"(?<=[\"'])p\d{4,}(?=\\?[\"'])|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", sub, html)
-
-
 def write(out: pathlib.Path, inputs: Inputs, model: dict[str, Any], states: Sequence[JobState],
           quick: bool) -> tuple[pathlib.Path, dict[str, Any]]:
     """Write ``report.html`` and ``summary.json`` into ``out``; returns the page's path and the summary."""
     from trajscope.io import atomic_write_text
-    from trajscope.reports.page import PAGE, bokeh_js
+    from trajscope.reports.page import bokeh_js, components, render
 
     results = _results(states, out)
     rows = verdicts([(s.job.study, s.job.key, s.job.label, r) for s, r in results])
@@ -219,14 +148,13 @@ def write(out: pathlib.Path, inputs: Inputs, model: dict[str, Any], states: Sequ
             figs += list(f)
         parts.append(("".join(html), figs))
     allfigs = [f for _, fs in parts for f in fs]
-    script, divs = _components(allfigs)
+    script, divs = components(allfigs)
     it = iter(divs)
     body = [f"<h2 id='verdicts'>Verdicts</h2>{_verdict_table(rows)}",
             f"<h2 id='sec-method'>1. Model and data</h2>{_method(inputs, model, results, quick)}"]
     body += [text + "".join(next(it) for _ in fs) for text, fs in parts]
     title = f"Decode-regime calibration report — {inputs.model}"
-    page = canonical_ids(drop_defs(PAGE.format(resources=bokeh_js() + STYLE, script=script, body="\n".join(body),
-                                     title=html_text(title))))
+    page = render(title, "\n".join(body), script, resources=bokeh_js() + STYLE)
     path = out / REPORT
     atomic_write_text(path, page)
     summary = {"model": model, "inputs": inputs.describe(), "quick": quick,

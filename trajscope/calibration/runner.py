@@ -81,20 +81,37 @@ def select_prompts(records: Sequence[dict], most: int | None) -> list[dict]:
     return sorted(out, key=lambda r: list(records).index(r))
 
 
-def job_prompts(model: Any, inputs: Inputs, job: Job, config: Any) -> list[tuple[str, list[int]]] | None:
+def job_prompts(model: Any, inputs: Inputs, job: Job, config: Any) -> list[Any] | None:
     """The ``(id, token ids)`` prompts ``job`` runs on, or None for a study that reads its own input: at most
     ``job.max_prompts`` (round-robin over files), from unseen files only for a held-out job, with the
-    config's header and the job's token cut."""
+    config's header and the job's token cut. A study that reads its own input but takes the report's prompts
+    (``"prompts"`` in ``Study.uses``) gets records ``{"id", "prompt": token ids, "segments"}`` instead, each
+    position's chat segment (token ids rendered from a chat prompt carry no turns of their own)."""
     from trajscope.studies.prompts import encode_prompts, study_items
 
     study = study_of(job)
-    if getattr(study.config, "OWN_INPUT", None) and "prompts" not in study.uses:
+    own = bool(getattr(study.config, "OWN_INPUT", None))
+    if own and "prompts" not in study.uses:
         return None
     pool = inputs.unseen(inputs.records) if job.held_out else list(inputs.records)
     if not pool:
         raise TrajscopeError("every prompt comes from a file the artefacts were fitted on; give prompts from other "
                              "files")
-    return encode_prompts(model, *study_items(model, select_prompts(pool, job.max_prompts), config, job.max_tokens))
+    items, cut = study_items(model, select_prompts(pool, job.max_prompts), config, job.max_tokens)
+    pairs = encode_prompts(model, items, cut)
+    if not own:
+        return pairs
+    return [{"id": i, "prompt": ids, "segments": _segments(model, it, len(ids))} for it, (i, ids) in zip(items, pairs)]
+
+
+def _segments(model: Any, item: dict, n: int) -> list[str]:
+    """The chat segments of the first ``n`` positions of ``item`` as :func:`encode_prompts` tokenises it."""
+    from trajscope import positions
+    from trajscope.chat import encode_chat
+
+    if "messages" in item:
+        return list(encode_chat(model.tokenizer, item["messages"]).segments[:n])
+    return [positions.PLAIN_PROMPT_SEGMENT] * n
 
 
 def _progress(desc: str) -> tuple[Callable[[int, int], None], Callable[[], None]]:

@@ -7,7 +7,7 @@ and the split itself in the profile's metadata.
 
 ``drift`` runs the drift study (:func:`trajscope.studies.drift.study.evaluate`, the same code as
 ``trajscope study drift``) on the prompts the profile never saw, writes the study's Result under
-``--out`` (``drift_positions``, ``drift_by_position``, ``drift_by_depth``, ``drift_by_entropy``,
+``--out`` (``drift_positions``, ``drift_by_position``, ``drift_by_depth``, ``drift_by_entropy``, ``drift_by_segment``,
 ``drift_gap``, ``drift_heldout_fpr``, ``drift_trajectory`` as Parquet, the marker
 ``drift.result.json`` with the headline numbers and the split) plus ``profile.safetensors``,
 and prints the report from that Result.

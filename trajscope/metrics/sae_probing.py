@@ -17,11 +17,14 @@ why:
   the same scikit-learn logistic regression on the standardised residual (all d_model dimensions);
 - intervals: a percentile bootstrap over source files (every held-out row of a file travels with
   it), the whole probe fixed; :func:`auroc` / :func:`balanced_accuracy` return the exact estimate and
-  the bootstrap from per-file sufficient statistics, so a draw costs O(files²).
+  the bootstrap from per-file sufficient statistics, so a draw costs O(files²). :class:`FileBoot` is that
+  grouping (rows → file codes, per-file sums, the draws of files), shared with the SAE bench's core
+  metrics (:mod:`trajscope.studies.sae_bench.core`).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -64,6 +67,40 @@ def _draws(k: int, n_boot: int, seed: int) -> np.ndarray:
     return np.stack([np.bincount(rng.integers(0, k, k), minlength=k) for _ in range(n_boot)]).astype(np.float64)
 
 
+class FileBoot:
+    """Rows grouped by source file for a bootstrap over files from per-file sums.
+
+    Args:
+        files: ``[n]`` each row's source file.
+        n_boot, seed: the draws; ``D`` is ``[n_boot, k]``, how often each of the ``k`` files (sorted) is drawn
+            in each resample (files drawn with replacement, ``k`` per resample), made on first use.
+    """
+
+    def __init__(self, files: Any, n_boot: int, seed: int):
+        self.labels, self.codes = np.unique(np.asarray(files), return_inverse=True)
+        self.k = int(self.labels.size)
+        self._n_boot, self._seed = n_boot, seed
+
+    @functools.cached_property
+    def D(self) -> np.ndarray:
+        """``[n_boot, k]`` file counts of each resample."""
+        return _draws(self.k, self._n_boot, self._seed)
+
+    def sums(self, v: Any) -> np.ndarray:
+        """``[k]`` per-file sums of ``v [n]``."""
+        return np.bincount(self.codes, np.asarray(v, dtype=np.float64), minlength=self.k)
+
+    def counts(self, mask: Any) -> np.ndarray:
+        """``[k]`` per-file counts of the rows where ``mask [n]`` holds (float64)."""
+        return np.bincount(self.codes[np.asarray(mask, dtype=bool)], minlength=self.k).astype(np.float64)
+
+    def ratio(self, num: Any, den: Any) -> tuple[float, np.ndarray]:
+        """Point ``Σnum / Σden`` and its ``[n_boot]`` bootstrap draws (ratios of the resampled files' sums)."""
+        sn, sd = self.sums(num), self.sums(den)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return float(sn.sum() / sd.sum()), (self.D @ sn) / (self.D @ sd)
+
+
 def _quantiles(boot: np.ndarray, level: float) -> tuple[float, float]:
     boot = boot[np.isfinite(boot)]
     if boot.size == 0:
@@ -83,8 +120,8 @@ def auroc(scores: Any, y: Any, files: Any, *, n_boot: int = 1000, seed: int = 0,
         ``value``, ``lo``, ``hi``, ``n_files``, ``n_pos``, ``n_neg`` (``value`` NaN with one class only).
     """
     s, y = np.asarray(scores, dtype=np.float64), np.asarray(y, dtype=bool)
-    labels, codes = np.unique(np.asarray(files), return_inverse=True)
-    k = labels.size
+    fb = FileBoot(files, n_boot, seed)
+    codes, k = fb.codes, fb.k
     H = np.zeros((k, k))
     neg_sorted = [np.sort(s[(codes == b) & ~y]) for b in range(k)]
     for a in range(k):
@@ -95,12 +132,11 @@ def auroc(scores: Any, y: Any, files: Any, *, n_boot: int = 1000, seed: int = 0,
                 below = np.searchsorted(sn, sp, side="left")
                 upto = np.searchsorted(sn, sp, side="right")
                 H[a, b] = float((below + 0.5 * (upto - below)).sum())
-    P = np.bincount(codes[y], minlength=k).astype(np.float64)
-    N = np.bincount(codes[~y], minlength=k).astype(np.float64)
+    P, N = fb.counts(y), fb.counts(~y)
     out = {"n_files": int(k), "n_pos": int(P.sum()), "n_neg": int(N.sum())}
     if P.sum() == 0 or N.sum() == 0:
         return {"value": float("nan"), "lo": float("nan"), "hi": float("nan"), **out}
-    D = _draws(k, n_boot, seed)
+    D = fb.D
     with np.errstate(invalid="ignore", divide="ignore"):
         boot = np.einsum("ia,ab,ib->i", D, H, D) / ((D @ P) * (D @ N))
     lo, hi = _quantiles(boot, level) if k > 1 else (float("nan"), float("nan"))
@@ -112,15 +148,12 @@ def balanced_accuracy(pred: Any, y: Any, files: Any, *, n_boot: int = 1000, seed
     """``(TP/P + TN/N) / 2`` of Boolean predictions, with a bootstrap over ``files`` (same draws as
     :func:`auroc` for the same ``seed`` and files)."""
     p, y = np.asarray(pred, dtype=bool), np.asarray(y, dtype=bool)
-    labels, codes = np.unique(np.asarray(files), return_inverse=True)
-    k = labels.size
-    tp = np.bincount(codes[y & p], minlength=k).astype(np.float64)
-    tn = np.bincount(codes[~y & ~p], minlength=k).astype(np.float64)
-    P = np.bincount(codes[y], minlength=k).astype(np.float64)
-    N = np.bincount(codes[~y], minlength=k).astype(np.float64)
+    fb = FileBoot(files, n_boot, seed)
+    k = fb.k
+    tp, tn, P, N = fb.counts(y & p), fb.counts(~y & ~p), fb.counts(y), fb.counts(~y)
     if P.sum() == 0 or N.sum() == 0:
         return {"value": float("nan"), "lo": float("nan"), "hi": float("nan"), "n_files": int(k)}
-    D = _draws(k, n_boot, seed)
+    D = fb.D
     with np.errstate(invalid="ignore", divide="ignore"):
         boot = 0.5 * (D @ tp / (D @ P) + D @ tn / (D @ N))
     lo, hi = _quantiles(boot, level) if k > 1 else (float("nan"), float("nan"))

@@ -6,9 +6,11 @@ The vector at layer L is the mean over pairs of the difference of block L's outp
 at the last token (CAA; :meth:`~trajscope.steering.SteeringVector.from_contrast`'s
 definition, here read for all sweep layers in one forward per text).
 
-Behaviour criterion, from the generated text only: a continuation *is French* when
-it holds at least :data:`MIN_WORDS` French function words and more French than
-English function words (:func:`is_french`).
+Behaviour criterion, from the generated text only: the steering-success study's
+(:func:`trajscope.metrics.steering.is_french`): a continuation *is French* when it holds at
+least :data:`~trajscope.metrics.steering.MIN_FRENCH_WORDS` French function words and more
+French than English function words, an elided word (``l'huile``, ``it’s``) counted as its
+part after the apostrophe, straight or curly.
 
 Layer and strength are picked on sweep prompts (chat prompts of the ``fit`` files):
 highest success rate, ties to the lower perplexity. Held-out evaluation on the chat
@@ -29,31 +31,11 @@ import numpy as np
 import polars as pl
 import torch
 
+from trajscope.metrics.steering import is_french, language_counts
 from trajscope.prepare.corpus import chat_items, split_items, token_ids
 from trajscope.stats import binomial_interval, cluster_bootstrap
 from trajscope.steering import SteeringVector
 from trajscope.trajectory import write_table
-
-FRENCH = set("le la les un une des du de et est sont je tu il elle nous vous ils elles que qui dans pour pas "
-             "avec sur au aux ce cette ces mais ou donc très plus être avoir fait peut vous votre nos leur "
-             "comme aussi bien".split())
-ENGLISH = set("the a an and is are i you he she we they that which in for not with on to this these but or "
-              "so very more be have it its can your our their as also well of".split())
-MIN_WORDS = 3
-
-
-def word_counts(text: str) -> tuple[int, int]:
-    """(French, English) function-word counts of ``text`` (lower-cased word tokens)."""
-    words = re.findall(r"[a-zàâçéèêëîïôûùüÿœ']+", text.lower())
-    words = [w.split("'")[-1] for w in words]
-    return sum(w in FRENCH for w in words), sum(w in ENGLISH for w in words)
-
-
-def is_french(text: str) -> bool:
-    """The success criterion: ≥ MIN_WORDS French function words and more French than English ones."""
-    fr, en = word_counts(text)
-    return fr >= MIN_WORDS and fr > en
-
 
 def distinct_share(text: str) -> float:
     """Distinct words / words of ``text`` (1.0 for no words): low values flag degenerate repetition ("la la la")."""
@@ -102,7 +84,7 @@ def _generate(model, prompts, n, vec, tok, desc: str | None = None) -> list[dict
     for it, ids in tqdm(prompts, desc=desc, unit="prompt", disable=desc is None):
         new = greedy(model, ids, n, vec)
         text = tok.decode(new, skip_special_tokens=True)
-        fr, en = word_counts(text)
+        fr, en = language_counts(text)
         out.append({"prompt_id": it["id"], "group": it["group"], "text": text, "french_words": fr,
                     "english_words": en, "success": is_french(text), "ppl": perplexity(model, ids, new)})
     return out

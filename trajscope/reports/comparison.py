@@ -36,7 +36,7 @@ from trajscope.metrics.attention import TELEMETRY_FIELDS, step_telemetry
 from trajscope.metrics.next_token import step_outputs
 from trajscope.metrics.position_zscore import position_zscore
 from trajscope.studies.eviction.runs import NOTE as EVICTION_NOTE, eviction_figures, eviction_html, eviction_tables
-from trajscope.reports.page import PAGE, bokeh_js
+from trajscope.reports.page import components, render
 from trajscope.trajectory import Trajectory, parquet_metadata
 
 MAX_ALIGNED_STEPS = 300
@@ -235,8 +235,6 @@ class Comparison:
 
     def save(self, path: str | os.PathLike) -> pathlib.Path:
         """Write the standalone HTML report and ``<stem>_files/*.parquet``. Returns the HTML path."""
-        from bokeh.embed import components
-
         path = pathlib.Path(path)
         files = path.with_name(path.stem + "_files")
         tables = self.tables()
@@ -277,8 +275,8 @@ class Comparison:
                 f"<li><code>{html_text(p)}</code>: {html_text(r)}</li>" for p, r in self.skipped) + "</ul>")
         body.append(f"<p class='note'>Tables: <code>{html_text(files.name)}/</code> ({', '.join(sorted(tables))}"
                     ".parquet).</p>")
-        doc = PAGE.format(resources=bokeh_js(), script=script, body="\n".join(body),
-                          title=html_text(f"trajscope report — {len(self.runs)} run{'s' if len(self.runs) != 1 else ''}"))
+        doc = render(f"trajscope report — {len(self.runs)} run{'s' if len(self.runs) != 1 else ''}", "\n".join(body),
+                     script)
         try:
             path.write_text(doc, encoding="utf-8")
         except OSError as exc:

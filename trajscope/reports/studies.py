@@ -9,7 +9,7 @@ HTML fragment with the numbers, their 95 % intervals, setup, n and split, plus B
 A section that fails is reported in the page (with its one-sentence reason) instead of ending
 the report.
 
-:func:`study_report` writes the page with BokehJS inline (:func:`trajscope.reports.page.bokeh_js`),
+:func:`study_report` writes the page through :func:`trajscope.reports.page.render` (BokehJS inline),
 so it opens offline: no script, stylesheet or font is fetched. ``trajscope study-report DIR
 [DIR …] --out FILE.html`` is the command.
 """
@@ -46,12 +46,6 @@ def detect(study_dir: str | os.PathLike) -> list[str]:
     return [name for name, s in studies().items() if s.holds(d)]
 
 
-def _page(title: str, resources: str, script: str, body: str) -> str:
-    from trajscope.reports.page import PAGE
-
-    return PAGE.format(resources=resources, script=script, body=body, title=html_text(title))
-
-
 def study_report(dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike) -> pathlib.Path:
     """Write one standalone HTML page with a section per study found in ``dirs``.
 
@@ -63,9 +57,7 @@ def study_report(dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike)
     Raises:
         TrajscopeError: a directory is missing, or no directory holds a study.
     """
-    from bokeh.embed import components
-
-    from trajscope.reports.comparison import bokeh_js
+    from trajscope.reports.page import components, render
 
     if not dirs:
         raise TrajscopeError("Give at least one study directory.")
@@ -79,17 +71,17 @@ def study_report(dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike)
                              f"{', '.join(marker(s) for s in sections())} (written by 'trajscope study …').")
     parts: list[tuple[str, str, list]] = []
     failed: list[str] = []
-    render = sections()
+    drawers = sections()
     for d, study in found:
         try:
-            title, body, figs = render[study](d)
+            title, body, figs = drawers[study](d)
         except TrajscopeError as exc:
             failed.append(f"<li>{html_text(study)} in <code>{html_text(str(d))}</code>: {html_text(str(exc))}</li>")
             continue
         where = f" — <code>{html_text(d.name or str(d))}</code>" if len({x for x, _ in found}) > 1 else ""
         parts.append((f"<h2>{html_text(title)}{where}</h2>", body, list(figs)))
     figs = [f for _, _, fs in parts for f in fs]
-    script, divs = components(figs) if figs else ("", [])
+    script, divs = components(figs)
     it = iter(divs)
     body = [f"<p class='note'>Studies: "
             f"{', '.join(html_text(s) for _, s in found)}; from {', '.join(html_text(str(d)) for d in dirs)}.</p>"]
@@ -99,7 +91,7 @@ def study_report(dirs: Sequence[str | os.PathLike], out_path: str | os.PathLike)
     out = pathlib.Path(out_path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(_page("trajscope study report", bokeh_js(), script, "\n".join(body)), encoding="utf-8")
+        out.write_text(render("trajscope study report", "\n".join(body), script), encoding="utf-8")
     except OSError as exc:
         raise TrajscopeError(f"Cannot write the report to '{out}': {exc.strerror or exc}.") from exc
     return out

@@ -13,7 +13,10 @@ A study answers one question about a model. It is one :class:`Study`:
   by ``order`` (lower first) among the registered cards, after the core cards and before Export;
 - ``uses`` (optional): which config field takes each artefact a user can hand the calibration report
   (``{"sae": "saes", "vector": "vector", "profile": "profile"}``; ``"prompts"`` marks a study that reads
-  its own input by default but runs on the report's ``(id, token ids)`` prompts), and ``quick``: config overrides for
+  its own input by default but runs on the report's prompts, as records ``{"id", "prompt": token ids,
+  "segments"}``; ``"seen_files"`` takes every source file the artefacts were fitted on,
+  ``"seen_prompt_files"`` those among the report's prompts when some prompts come from other files: see
+  :mod:`trajscope.calibration.plan`), and ``quick``: config overrides for
   ``trajscope calibrate --quick`` (a pass of about a minute on SmolLM2 on a 2-core CPU).
 
 :func:`register` adds a study; :func:`studies` lists them after importing every study package

@@ -16,7 +16,9 @@ self-generated input; ``continuation`` against ``prefill`` at the same position
 bin is the effect of position alone. Rows are grouped by absolute-position bin
 (:data:`POS_ORDER`: 0–31, 32–63, 64–127, 128–255, 256+), regime and
 layer, and every mean comes with a prompt-clustered bootstrap interval
-(:func:`trajscope.stats.bootstrap_frame`).
+(:func:`trajscope.stats.bootstrap_frame`). Every row also carries its position's chat segment
+(system, user, assistant, thinking; :mod:`trajscope.positions`), so drift can be read by turn: the
+prompt's system and user turns and its generation prompt in ``prefill``, the answer in ``decode``.
 
 Held-out calibration: the profile's moments, its per-position threshold and
 the trajectory-level threshold come from prompt sets disjoint from the
@@ -45,7 +47,7 @@ from trajscope.stats import binomial_interval, bootstrap_frame
 REGIMES = ("prefill", "decode", "continuation")
 POS_ORDER = POSITION_ORDER  # absolute-position bins, defined once in metrics/bands.py (shared with the SAE report)
 ROW_COLUMNS = ("prompt_id", "regime", "pos", "step", "layer", "score", "ratio", "flagged", "entropy",
-               "pos_bin", "depth_band", "entropy_band")
+               "pos_bin", "depth_band", "entropy_band", "segment")
 
 
 def pos_bin(pos: int) -> str:
@@ -61,13 +63,16 @@ def pos_bin_expr(pos: pl.Expr) -> pl.Expr:
 
 
 def regime_rows(profile: ReferenceProfile, prompt_id: str, regime: str, resid: dict[int, torch.Tensor],
-                pos: Sequence[int], prompt_len: int, entropy: Sequence[float] | None = None) -> pl.DataFrame:
+                pos: Sequence[int], prompt_len: int, entropy: Sequence[float] | None = None,
+                segments: Sequence[str] | None = None) -> pl.DataFrame:
     """Score residuals of one prompt in one regime against ``profile``.
 
     Args:
         resid: ``{layer: [n, d_model]}`` block outputs at positions ``pos`` (length n).
         pos: absolute positions of the rows; ``prompt_len`` (P) gives each its query step.
         entropy: ``[n]`` next-token entropy (nats) at each position, or None.
+        segments: ``[n]`` each position's chat segment (:mod:`trajscope.positions`: system, user, assistant,
+            thinking), or None (then null: not known).
     Returns:
         One row per position × layer with :data:`ROW_COLUMNS`; ``ratio`` = score / the layer's threshold.
     """
@@ -75,13 +80,16 @@ def regime_rows(profile: ReferenceProfile, prompt_id: str, regime: str, resid: d
         raise ValueError(f"regime must be one of {REGIMES}, not {regime!r}")
     pos_arr = np.asarray(pos, dtype=np.int64)
     ent = np.full(pos_arr.size, np.nan) if entropy is None else np.asarray(entropy, dtype=np.float64)
+    if segments is not None and len(segments) != pos_arr.size:
+        raise ValueError(f"{len(segments)} segments for {pos_arr.size} positions")
+    seg = pl.Series("segment", [None] * pos_arr.size if segments is None else list(segments), dtype=pl.String)
     parts = []
     for layer in sorted(resid):
         score = profile.score(layer, resid[layer]).numpy()
         thr = float(profile.threshold[layer])
         parts.append(pl.DataFrame({
             "pos": pos_arr, "layer": np.full(pos_arr.size, layer, dtype=np.int16), "score": score,
-            "ratio": score / thr, "flagged": score > thr, "entropy": ent}))
+            "ratio": score / thr, "flagged": score > thr, "entropy": ent, "segment": seg}))
     df = pl.concat(parts).with_columns(
         pl.lit(prompt_id).alias("prompt_id"), pl.lit(regime).alias("regime"),
         pl.col("entropy").fill_nan(None),
@@ -94,7 +102,7 @@ def regime_rows(profile: ReferenceProfile, prompt_id: str, regime: str, resid: d
 def _order(df: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
     """Sort by regime / bins in their natural order (:func:`~trajscope.metrics.bands.sort_bands`), other keys
     as they are."""
-    return sort_bands(df, *by, orders={"regime": REGIMES, "pos_bin": POS_ORDER})
+    return sort_bands(df, *by, orders={"regime": REGIMES, "pos_bin": POS_ORDER, "segment": positions.SEGMENTS})
 
 
 def _with_counts(out: pl.DataFrame, df: pl.DataFrame, by: list[str]) -> pl.DataFrame:

@@ -56,10 +56,15 @@ def continuation_residuals(model: Any, prompt: str | Sequence[int], continuation
 
 def prompt_regime_rows(model: Any, profile: ReferenceProfile, prompt_id: str, item: dict, cfg: CaptureConfig, *,
                        decode: bool = True, skip_first: bool = positions.SKIP_SINK) -> pl.DataFrame:
-    """Scored rows of one prompt in the regimes it supports.
+    """Scored rows of one prompt in the regimes it supports, each with its position's chat segment.
+
+    Segments are the capture's (``tokens.segment``: a chat prompt's turns, ``user`` for every position of a
+    plain prompt, ``assistant`` / ``thinking`` for generated text), or the record's ``segments`` for its prompt
+    positions when it gives them (token ids rendered from a chat prompt carry no turns of their own); the
+    continuation's positions take the segments of generated text (:func:`trajscope.positions.generated_segments`).
 
     Args:
-        item: a prompt record (``prompt``: text or token ids; optional ``continuation``).
+        item: a prompt record (``prompt``: text or token ids; optional ``continuation`` and ``segments``).
         cfg: the decode capture settings (``residual_layers`` is forced to all layers).
         decode: run greedy decode (regimes ``prefill`` and ``decode``); with False only the continuation runs, over
             ``cfg.max_new_tokens − 1`` positions (the decode positions a full run would fill).
@@ -74,18 +79,26 @@ def prompt_regime_rows(model: Any, profile: ReferenceProfile, prompt_id: str, it
         P = traj.prompt_len
         n_res = traj.residual(0).shape[0]
         ent = dict(zip(traj.tokens["pos"].to_list(), traj.tokens["entropy"].to_list()))
+        seg = dict(zip(traj.tokens["pos"].to_list(), traj.tokens["segment"].to_list()))
+        if item.get("segments") is not None:
+            given = list(item["segments"])
+            if len(given) != P:
+                raise TrajscopeError(f"Prompt '{prompt_id}' gives {len(given)} segments for its {P} tokens.")
+            seg.update(enumerate(given))
         layers = range(model.n_layers)
         start = positions.first_reference_pos(skip_first)
         pre = list(range(start, P))
         dec = list(range(P, n_res))
         if pre:
             parts.append(regime_rows(profile, prompt_id, "prefill", {k: traj.residual(k)[start:P] for k in layers},
-                                     pre, P, [ent.get(p) for p in pre]))
+                                     pre, P, [ent.get(p) for p in pre], [seg[p] for p in pre]))
         if dec:
             parts.append(regime_rows(profile, prompt_id, "decode", {k: traj.residual(k)[P:n_res] for k in layers},
-                                     dec, P, [ent.get(p) for p in dec]))
+                                     dec, P, [ent.get(p) for p in dec], [seg[p] for p in dec]))
         n_match = len(dec)
     if item.get("continuation") and n_match > 0:
         P, pos, resid, entropy = continuation_residuals(model, item["prompt"], item["continuation"], n_match)
-        parts.append(regime_rows(profile, prompt_id, "continuation", resid, pos, P, entropy.tolist()))
+        ids = model.tokenizer(item["continuation"], add_special_tokens=False)["input_ids"][:len(pos)]
+        segs = positions.generated_segments([model.tokenizer.decode([t]) for t in ids])
+        parts.append(regime_rows(profile, prompt_id, "continuation", resid, pos, P, entropy.tolist(), segs))
     return pl.concat(parts) if parts else pl.DataFrame()

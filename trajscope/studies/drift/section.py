@@ -1,14 +1,16 @@
 """The drift study's report section: a function of its :class:`~trajscope.studies.registry.Result` only.
 
 It shows the headline numbers as the Result holds them (:mod:`trajscope.studies.drift.summary`),
-the split they were measured on, the held-out prefill false-positive rate per layer and the
-flagged share by decode-depth band per regime, with their 95 % intervals; nothing is recomputed.
+the split they were measured on, the held-out prefill false-positive rate per layer, the
+flagged share by decode-depth band per regime and the drift score and flagged share by chat segment,
+with their 95 % intervals; nothing is recomputed.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
+from trajscope.errors import TrajscopeError
 from trajscope.escaping import html_text
 from trajscope.studies.drift.summary import lines
 from trajscope.studies.registry import Result, Section
@@ -48,4 +50,24 @@ def drift_section(result: Result) -> Section:
     depth = result.table("drift_by_depth").filter(pl.col("regime") != "prefill")
     parts.append("<h3>Flagged share by regime, decode depth and layer</h3>"
                  + table(depth, ["regime", "depth_band", "layer", "flagged_frac", "n_prompts"], ci_of=["flagged_frac"]))
+    parts.append(segment_html(result))
     return "Drift: decode vs the prefill profile", "".join(parts), []
+
+
+SEGMENT_NOTE = ("Rows by the chat segment of their position: in prefill the prompt's turns (system, user, and the "
+                "generation prompt, which is assistant), in decode the generated answer (assistant, or thinking "
+                "inside a thought). A plain-text prompt is all user. Text every prompt shares (a template's default "
+                "system turn) gives the same residuals in every prompt: those rows are one sample repeated, and "
+                "their interval is narrow for that reason, not because the rate is known.")
+
+
+def segment_html(result: Result) -> str:
+    """The drift score and flagged share by regime, chat segment and layer (empty for a Result without
+    ``drift_by_segment``: one written before segments were recorded)."""
+    try:
+        seg = result.table("drift_by_segment")
+    except TrajscopeError:
+        return ""
+    return (f"<h3>Drift by chat segment</h3><p class='note'>{html_text(SEGMENT_NOTE)}</p>"
+            + table(seg, ["regime", "segment", "layer", "score", "flagged_frac", "n_prompts"],
+                    ci_of=["score", "flagged_frac"]))

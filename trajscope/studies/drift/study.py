@@ -11,8 +11,10 @@ decode, and the human continuation teacher-forced at the decode positions (for p
 with a ``continuation``). The calibrate prompts' continuations calibrate a trajectory-level
 threshold (max over steps and layers of score / layer threshold) at ``trajectory_rate``.
 
-The Result's tables: ``drift_positions`` (prompt × regime × position × layer), ``drift_by_position``,
-``drift_by_depth``, ``drift_by_entropy`` (regime × bin × layer), ``drift_heldout_fpr`` (per layer),
+The Result's tables: ``drift_positions`` (prompt × regime × position × layer, with each position's chat
+segment), ``drift_by_position``, ``drift_by_depth``, ``drift_by_entropy``, ``drift_by_segment`` (regime × bin
+or segment × layer; segments: the prompt's system / user turns and generation prompt, the generated
+answer), ``drift_heldout_fpr`` (per layer),
 ``drift_gap`` (decode − continuation, matched) and ``drift_trajectory``; every mean has a
 clustered bootstrap interval. Its summaries: the headline numbers of
 :func:`trajscope.studies.drift.summary.headline`, the split and the profile's thresholds.
@@ -82,7 +84,8 @@ class DriftConfig:
 
 
 def records(prompts: Sequence[Any]) -> list[dict]:
-    """Prompt records (``id``, ``prompt``, optional ``continuation`` / ``file``) from records or ``(id, ids)``."""
+    """Prompt records (``id``, ``prompt``, optional ``continuation`` / ``file`` / ``segments``) from records or
+    ``(id, ids)``."""
     from trajscope.studies.drift.build import prompt_ids
 
     items = [dict(p) if isinstance(p, dict) else {"id": str(p[0]), "prompt": list(p[1])} for p in prompts]
@@ -135,7 +138,8 @@ def evaluate(model: Any, prompts: Sequence[Any] | None, config: DriftConfig, pro
 
     Args:
         model: a :class:`~trajscope.model.ModelHandle`.
-        prompts: prompt records (``prompt``, ``id``, optional ``continuation`` and ``file``) or ``(id, token ids)``
+        prompts: prompt records (``prompt``, ``id``, optional ``continuation``, ``file`` and ``segments``, the
+            prompt positions' chat segments) or ``(id, token ids)``
             pairs (no continuation: the matched regime and the trajectory flag are left out); None reads the
             records of ``config.prompts`` (what ``trajscope study drift`` does).
         config: the study's settings.
@@ -192,6 +196,8 @@ def evaluate(model: Any, prompts: Sequence[Any] | None, config: DriftConfig, pro
               "drift_by_depth": dr.summarize(ev, ("regime", "depth_band", "layer"), **kw),
               "drift_by_entropy": dr.summarize(ev, ("regime", "entropy_band", "layer"), **kw),
               "drift_heldout_fpr": dr.heldout_fpr(ev, **kw)}
+    if ev["segment"].is_not_null().any():
+        tables["drift_by_segment"] = dr.summarize(ev, ("regime", "segment", "layer"), **kw)
     notes = []
     if ev.filter(pl.col("regime") == "continuation").height:
         tables["drift_gap"] = pl.concat([

@@ -31,7 +31,7 @@ STUDY = register(Study(
     example=f"trajscope study monitor --model smollm2 --prompts {PROMPTS} --max-tokens 0 --new-tokens 24 --fit-files "
             "chat_history.jsonl,chat_math.jsonl,chat_programming.jsonl,chat_travel.jsonl --out reports/monitor",
     shared_defaults={"max_prompts": 64},
-    uses={"sae": "saes", "vector": "vector", "profile": "profile"},
+    uses={"sae": "saes", "vector": "vector", "profile": "profile", "seen_prompt_files": "fit_files"},
     # about a minute on SmolLM2 (2-core CPU): 8 fitting + 8 evaluate prompts, the null and one shift per kind
     quick={"max_prompts": 16, "new_tokens": 18, "start_step": 4, "strengths": (0.0, 2.0), "forced_tokens": 4,
            "fpr": 0.12, "n_boot": 200}))

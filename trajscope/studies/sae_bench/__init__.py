@@ -168,7 +168,7 @@ STUDY = register(Study(
     example=(f"trajscope study {NAME} --model smollm2 --prompt-files {','.join(SMOLLM2_FILES)} --saes "
              "prefill-only=sample_data/smollm2/saes/layer15-prefill-only,hybrid=sample_data/smollm2/saes/"
              "layer15-hybrid --out reports/sae-bench"),
-    uses={"sae": "saes", "prompt_files": "prompt_files"},
+    uses={"sae": "saes", "prompt_files": "prompt_files", "seen_files": "sae_train_files"},
     quick={"max_per_file": 1, "max_prompt_tokens": 48, "new_tokens": 8, "ks": (1, 5),
            "n_boot": 100}))
 

@@ -32,6 +32,7 @@ import polars as pl
 import torch
 
 from trajscope.metrics.sae_eval import feature_density
+from trajscope.metrics.sae_probing import FileBoot
 
 PHASES = ("prefill", "decode")
 CHAT_SEGMENTS = ("system", "user", "assistant")
@@ -65,38 +66,12 @@ def groups(rows: pl.DataFrame) -> list[tuple[str, str, str, np.ndarray]]:
     return out
 
 
-def _draws(k: int, n_boot: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.stack([np.bincount(rng.integers(0, k, k), minlength=k) for _ in range(n_boot)]).astype(np.float64)
-
-
 def _q(boot: np.ndarray, k: int) -> tuple[float, float]:
     boot = boot[np.isfinite(boot)]
     if k < 2 or boot.size == 0:
         return float("nan"), float("nan")
     lo, hi = np.quantile(boot, [0.025, 0.975])
     return float(lo), float(hi)
-
-
-class FileBoot:
-    """Bootstrap draws over one group's files: ratios of per-file sums and paired differences of them."""
-
-    def __init__(self, files: np.ndarray, n_boot: int, seed: int):
-        self.labels, self.codes = np.unique(files, return_inverse=True)
-        self.k = self.labels.size
-        self.D = _draws(self.k, n_boot, seed)
-
-    def sums(self, v: np.ndarray) -> np.ndarray:
-        return np.bincount(self.codes, np.asarray(v, dtype=np.float64), minlength=self.k)
-
-    def ratio(self, num: np.ndarray, den: np.ndarray) -> tuple[float, np.ndarray]:
-        """Point ``Σnum / Σden`` and its bootstrap draws."""
-        sn, sd = self.sums(num), self.sums(den)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return float(sn.sum() / sd.sum()), (self.D @ sn) / (self.D @ sd)
-
-    def interval(self, boot: np.ndarray) -> tuple[float, float]:
-        return _q(boot, self.k)
 
 
 def encode_all(sae: Any, x: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,11 +136,12 @@ def core_tables(x: torch.Tensor, rows: pl.DataFrame, codes: Mapping[tuple[str, i
             l0v, l0_b = fb.ratio(l0, np.ones_like(l0))
             dens = feature_density(fm)
             cos = torch.nn.functional.cosine_similarity(xm, xh[mm].double(), dim=-1).mean()
-            row = {"mix": mix, "seed": s, **info, "fvu": fvu, "fvu_lo": fb.interval(fvu_b)[0],
-                   "fvu_hi": fb.interval(fvu_b)[1], "explained_variance": 1 - fvu,
-                   "explained_variance_lo": 1 - fb.interval(fvu_b)[1], "explained_variance_hi": 1 - fb.interval(fvu_b)[0],
+            (fvu_lo, fvu_hi), (l0_lo, l0_hi) = _q(fvu_b, fb.k), _q(l0_b, fb.k)
+            row = {"mix": mix, "seed": s, **info, "fvu": fvu, "fvu_lo": fvu_lo, "fvu_hi": fvu_hi,
+                   "explained_variance": 1 - fvu, "explained_variance_lo": 1 - fvu_hi,
+                   "explained_variance_hi": 1 - fvu_lo,
                    "explained_variance_uncentred": 1 - float(err.sum() / tot.sum()), "cos": float(cos),
-                   "l0": l0v, "l0_lo": fb.interval(l0_b)[0], "l0_hi": fb.interval(l0_b)[1],
+                   "l0": l0v, "l0_lo": l0_lo, "l0_hi": l0_hi,
                    "dead": float((dens == 0).double().mean()), "dense": float((dens > 0.01).double().mean()),
                    "ce_recovered": None, "ce_recovered_lo": None, "ce_recovered_hi": None, "ce_clean": None,
                    "ce_zero": None, "ce_sae": None, "n_ce_positions": 0}
@@ -175,7 +151,7 @@ def core_tables(x: torch.Tensor, rows: pl.DataFrame, codes: Mapping[tuple[str, i
                 z, c, sp = (ce_m[col].to_numpy() for col in ("zero", "clean", key))
                 if z.sum() - c.sum() > 0:
                     v, b = fb_ce.ratio(z - sp, z - c)
-                    lo, hi = fb_ce.interval(b)
+                    lo, hi = _q(b, fb_ce.k)
                     row.update(ce_recovered=v, ce_recovered_lo=lo, ce_recovered_hi=hi)
                     boots[(mix, s)]["ce_recovered"] = (v, b)
                 row.update(ce_clean=float(c.mean()), ce_zero=float(z.mean()), ce_sae=float(sp.mean()),
@@ -187,7 +163,7 @@ def core_tables(x: torch.Tensor, rows: pl.DataFrame, codes: Mapping[tuple[str, i
                     a, b = boots[(other, s)].get(metric), boots[(mixes[0], s)].get(metric)
                     if a is None or b is None:
                         continue
-                    lo, hi = (fb_ce if metric == "ce_recovered" else fb).interval(a[1] - b[1])
+                    lo, hi = _q(a[1] - b[1], (fb_ce if metric == "ce_recovered" else fb).k)
                     diffs.append({"kind": kind, "phase": phase, "segment": seg, "metric": metric, "mix": other,
                                   "base": mixes[0], "seed": s, "diff": a[0] - b[0], "lo": lo, "hi": hi,
                                   "n_files": fb.k, "n_rows": int(m.sum())})

@@ -32,7 +32,7 @@ STUDY = register(Study(
             "--exclude-files chat_history.jsonl,chat_math.jsonl,chat_programming.jsonl,chat_travel.jsonl "
             "--out reports/steering-success",
     shared_defaults={"max_prompts": 64},
-    uses={"vector": "vector", "sae": "sae"},
+    uses={"vector": "vector", "sae": "sae", "seen_prompt_files": "exclude_files"},
     quick={"heldout_prompts": 8, "sweep_layers": (6,), "strengths": (2.0,), "sweep_prompts": 4, "new_tokens": 8, "depths": (1, 4), "window": 4,
            "depth_prompts": 4, "n_boot": 200}))
 
