@@ -42,27 +42,47 @@ def residual_stats(x: torch.Tensor, median_abs=None, dtype: torch.dtype = torch.
     Returns:
         ``[..., 7]`` in ACT_FIELDS order (counts stored as floats).
     """
-    x = x.to(dtype)
+    with torch.no_grad():  # statistics, never differentiated; out= and in-place need it under autograd
+        return _stats(x.to(dtype), median_abs, dtype, pooled)
+
+
+def _stats(x, median_abs, dtype, pooled):
+    """:func:`residual_stats` on ``x`` already in ``dtype``: one ``[..., d]`` temporary, reused."""
     mean = x.mean(-1)
-    centred = x - mean.unsqueeze(-1)
-    c2 = centred * centred
+    buf = x - mean.unsqueeze(-1)  # the one [..., d] temporary: centred values, then c², c⁴, |x|, ...
+    c2 = buf.mul_(buf)
     var = c2.mean(-1)
-    m4 = (c2 * c2).mean(-1)
+    m4 = c2.mul_(c2).mean(-1)
     kurt = torch.where(var > 0, m4 / var.pow(2).clamp_min(1e-30) - 3.0, torch.zeros_like(var))
-    ax = x.abs()
+    ax = torch.abs(x, out=buf)
     max_abs = ax.amax(-1)
-    n_out = (ax > OUTLIER_ABS).sum(-1).to(dtype)
-    big = ax > MASSIVE_ABS
-    if bool(big.any()):  # the median only matters where some |x| passes the absolute bar
-        if median_abs is None and pooled:
-            med = ax.reshape(-1).median()
-        elif median_abs is None:
-            med = ax.median(-1).values.unsqueeze(-1)
-        else:
-            med = torch.as_tensor(median_abs, dtype=dtype, device=x.device)
-            med = med.unsqueeze(-1) if med.dim() > 0 else med
-        n_massive = (big & (ax > MASSIVE_RATIO * med)).sum(-1).to(dtype)
-    else:
-        n_massive = torch.zeros_like(max_abs)
-    norm = (x * x).sum(-1).sqrt()
+    # a comparison written into a float buffer and summed is exact (counts ≤ d) and avoids a bool
+    # tensor, whose sum goes through an int64 copy of the whole block
+    n_out = torch.gt(ax, OUTLIER_ABS, out=buf).sum(-1)
+    norm = torch.mul(x, x, out=buf).sum(-1).sqrt()
+    n_massive = _n_massive(x, max_abs, median_abs, dtype, pooled)
     return torch.stack([norm, mean, var, kurt, max_abs, n_out, n_massive], dim=-1)
+
+
+def _n_massive(x, max_abs, median_abs, dtype, pooled):
+    """The count of ``|x| > MASSIVE_ABS`` and ``|x| > MASSIVE_RATIO × m`` per vector.
+
+    Only a vector whose max |x| passes the absolute bar (or is NaN) can count, so the comparison
+    runs on those vectors alone (at prefill: the sink and a few others among P); the reference
+    median is the same element as over the whole of ``x``.
+    """
+    n_massive = torch.zeros_like(max_abs)
+    cand = ~(max_abs <= MASSIVE_ABS)  # > the bar, or NaN
+    if not bool(cand.any()):  # the median only matters where some |x| passes the absolute bar
+        return n_massive
+    if median_abs is None and pooled:
+        med = x.abs().reshape(-1).median()
+    elif median_abs is not None:
+        med = torch.as_tensor(median_abs, dtype=dtype, device=x.device)
+        if med.dim() > 0:
+            med = torch.broadcast_to(med, max_abs.shape)[cand].unsqueeze(-1)
+    ax = x[cand].abs()  # [k, d]
+    if median_abs is None and not pooled:
+        med = ax.median(-1).values.unsqueeze(-1)
+    n_massive[cand] = ((ax > MASSIVE_ABS) & (ax > MASSIVE_RATIO * med)).sum(-1).to(dtype)
+    return n_massive
