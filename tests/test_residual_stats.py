@@ -13,7 +13,13 @@ import pytest
 import scipy.stats
 import torch
 
-from trajscope.metrics.residual_stats import ACT_FIELDS, MASSIVE_ABS, MASSIVE_RATIO, OUTLIER_ABS, residual_stats
+from trajscope.metrics.residual_stats import (
+    ACT_FIELDS,
+    MASSIVE_ABS,
+    MASSIVE_RATIO,
+    OUTLIER_ABS,
+    residual_stats,
+)
 
 
 def _unfused(x, median_abs=None, dtype=torch.float32, pooled=False):
@@ -56,11 +62,11 @@ def _block(shape, seed, sink=True, dtype=torch.float32):
 
 
 CASES = [
-    dict(),
-    dict(pooled=True),
-    dict(median_abs=0.05),
-    dict(median_abs=0.05, dtype=torch.float64),
-    dict(pooled=True, dtype=torch.float64),
+    {},
+    {"pooled": True},
+    {"median_abs": 0.05},
+    {"median_abs": 0.05, "dtype": torch.float64},
+    {"pooled": True, "dtype": torch.float64},
 ]
 
 

@@ -14,6 +14,14 @@ on SmolLM2-135M position 0 reaches |x| ≈ 25,000 with its own median |x| above 
 so against its own median it never counts, while the layer's median over the
 prompt is well under 1.
 
+At prefill the kernel runs on every layer's ``[P, d_model]`` block, so it is written for few passes:
+one ``[..., d]`` temporary is reused for the centred values, their squares and fourth powers, |x|,
+the outlier comparison and x²; a count is a comparison written into that float buffer and summed
+(a bool tensor's sum would copy the block to int64); and the massive rule, with its median, looks
+only at the vectors whose max |x| passes the absolute bar. Every statistic is computed by the same
+torch operation on the same values as the definition written out one statistic at a time, so the
+results are the same bits (``tests/test_residual_stats.py``).
+
 This module imports nothing but torch, because capture ships it by value to the
 NDIF server (``nnsight.register``) and runs it inside the step.
 """
