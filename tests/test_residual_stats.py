@@ -126,3 +126,10 @@ def test_statistics_match_numpy_and_scipy():
     np.testing.assert_allclose(got32[:, [0, 2, 4, 5, 6]], want[:, [0, 2, 4, 5, 6]], rtol=2e-5)
     np.testing.assert_allclose(got32[1:, 3], want[1:, 3], rtol=1e-3, atol=1e-3)  # kurtosis: 4th powers
     np.testing.assert_allclose(got32[:, 1], want[:, 1], atol=1e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fused_equals_unfused_on_cuda():
+    x = _block((3, 200, 576), seed=13).cuda()
+    for kw in CASES:
+        assert torch.equal(residual_stats(x, **kw), _unfused(x, **kw)), kw

@@ -76,21 +76,24 @@ def _n_massive(x, max_abs, median_abs, dtype, pooled):
     """The count of ``|x| > MASSIVE_ABS`` and ``|x| > MASSIVE_RATIO × m`` per vector.
 
     Only a vector whose max |x| passes the absolute bar (or is NaN) can count, so the comparison
-    runs on those vectors alone (at prefill: the sink and a few others among P); the reference
-    median is the same element as over the whole of ``x``.
+    runs on those vectors alone (at prefill: the sink and a few others among P), picked by index
+    with one host sync (``nonzero``), as many as the unfused rule's ``any``; the reference median is
+    the same element as over the whole of ``x``.
     """
-    n_massive = torch.zeros_like(max_abs)
-    cand = ~(max_abs <= MASSIVE_ABS)  # > the bar, or NaN
-    if not bool(cand.any()):  # the median only matters where some |x| passes the absolute bar
-        return n_massive
+    d = x.shape[-1]
+    flat_max = max_abs.reshape(-1)
+    idx = (~(flat_max <= MASSIVE_ABS)).nonzero().squeeze(-1)  # > the bar, or NaN
+    n_massive = torch.zeros_like(flat_max)
+    if idx.numel() == 0:  # the median only matters where some |x| passes the absolute bar
+        return n_massive.reshape(max_abs.shape)
+    ax = x.reshape(-1, d).index_select(0, idx).abs()  # [k, d]
     if median_abs is None and pooled:
         med = x.abs().reshape(-1).median()
-    elif median_abs is not None:
+    elif median_abs is None:
+        med = ax.median(-1).values.unsqueeze(-1)
+    else:
         med = torch.as_tensor(median_abs, dtype=dtype, device=x.device)
         if med.dim() > 0:
-            med = torch.broadcast_to(med, max_abs.shape)[cand].unsqueeze(-1)
-    ax = x[cand].abs()  # [k, d]
-    if median_abs is None and not pooled:
-        med = ax.median(-1).values.unsqueeze(-1)
-    n_massive[cand] = ((ax > MASSIVE_ABS) & (ax > MASSIVE_RATIO * med)).sum(-1).to(dtype)
-    return n_massive
+            med = torch.broadcast_to(med, max_abs.shape).reshape(-1).index_select(0, idx).unsqueeze(-1)
+    counts = ((ax > MASSIVE_ABS) & (ax > MASSIVE_RATIO * med)).sum(-1).to(dtype)
+    return n_massive.index_copy_(0, idx, counts).reshape(max_abs.shape)
