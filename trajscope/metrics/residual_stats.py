@@ -95,5 +95,7 @@ def _n_massive(x, max_abs, median_abs, dtype, pooled):
         med = torch.as_tensor(median_abs, dtype=dtype, device=x.device)
         if med.dim() > 0:
             med = torch.broadcast_to(med, max_abs.shape).reshape(-1).index_select(0, idx).unsqueeze(-1)
-    counts = ((ax > MASSIVE_ABS) & (ax > MASSIVE_RATIO * med)).sum(-1).to(dtype)
+    # |x| > 100 and |x| > 1000 × m  ⟺  |x| > max(100, 1000 × m) (a NaN m fails both ways), counted as above
+    bar = torch.maximum(MASSIVE_RATIO * med, torch.tensor(MASSIVE_ABS, dtype=dtype, device=x.device))
+    counts = torch.gt(ax, bar, out=ax).sum(-1)
     return n_massive.index_copy_(0, idx, counts).reshape(max_abs.shape)
