@@ -17,6 +17,10 @@
    Reports the median ratio app / capture over --reps interleaved repetitions for 64 and 300 tokens (target ≤ 1.5×),
    with a distribution-free interval for it (order statistics, as ``capture_overhead.paired``). The
    model is loaded before either is timed.
+   ``--model smollm2`` runs issue 32's case on SmolLM2-135M-Instruct: the chat question of
+   ``app_cards.py`` (the app's Chat box is on, so the prompt goes through the model's chat template,
+   and the baseline sends the same user message, as the CLI's ``--chat`` does) with 64 new tokens only
+   (``--lengths``); written to ``benchmarks/results/app_generate_smollm2.json``.
 2. **Keypress to all plots updated.** On the finished 300-step run, presses →
    or ← and measures in the browser, from the ``keydown`` event to the frame
    where every step cursor of the visible tab (token strip, telemetry curves, or
@@ -24,7 +28,9 @@
    computes for that step. Reports p50 / p95 over the presses for the Overview and
    Attention tabs (target p95 ≤ 250 ms on the 2-core CI machine).
 
-Run: ``python benchmarks/app_generate.py [--presses 60] [--out benchmarks/results/app_generate.json]``.
+Run: ``python benchmarks/app_generate.py [--presses 60] [--out benchmarks/results/app_generate.json]``;
+on SmolLM2 (issue 32: Generate of 64 tokens ≤ 1.5× the CLI capture):
+``python benchmarks/app_generate.py --model smollm2 --reps 9 --presses 0``.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ if "--baseline" not in sys.argv:  # --app-env KEY=VALUE: for the app's process o
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 PROMPT = "class Stack:\n    def push(self, x):\n"
+QUESTION = "What is a good way to learn to cook rice?"  # the chat models' prompt (app_cards.py's question)
 # resolves with ms from the last keydown to the first frame where every model has the expected properties
 MEASURE = """async (expected) => {
   const models = Bokeh.documents.map(d => d).flatMap(d => Object.keys(expected).map(id => [id, d.get_model_by_id(id)]))
@@ -115,14 +122,14 @@ def expected(cs, step: int) -> dict:
 class Baseline:
     """``trajscope.capture`` in a child process with the command line's environment, the model loaded once."""
 
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, __file__, "--baseline"], stdin=subprocess.PIPE,
+    def __init__(self, model: str = "sample"):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--baseline", model], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=CLI_ENV, cwd=ROOT)
 
-    def capture(self, prompt: str, config) -> dict:
+    def capture(self, prompt: str, config, chat: bool = False) -> dict:
         if config.sae is not None or config.probe is not None or config.steering:
             raise SystemExit("the baseline child captures without an SAE, probe or steering; the app's config has one")
-        self.proc.stdin.write(json.dumps({"prompt": prompt, "config": config.to_dict()}) + "\n")
+        self.proc.stdin.write(json.dumps({"prompt": prompt, "config": config.to_dict(), "chat": chat}) + "\n")
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
@@ -132,36 +139,43 @@ class Baseline:
 
 
 def baseline_child() -> None:
-    """The child: read ``{prompt, config}`` lines, capture each (after one warm-up), answer with its time."""
+    """The child: read ``{prompt, config, chat}`` lines, capture each (after one warm-up), answer with its time.
+
+    With ``chat`` and a model that has a chat template, the prompt is sent as one user message, as the app's
+    Generate (``runner.GenerationJob``) and the CLI's ``--chat`` send it."""
     import trajscope as ts
     from trajscope.capture import CaptureConfig
+    from trajscope.chat import user_message
     from trajscope.ui import runner
 
-    model = runner.get_model("sample")
+    model = runner.get_model(sys.argv[sys.argv.index("--baseline") + 1])
     warm = False
     for line in sys.stdin:
         req = json.loads(line)
         cfg = CaptureConfig.from_dict(req["config"])
+        prompt = req["prompt"]
+        if req.get("chat") and getattr(model.tokenizer, "chat_template", None):
+            prompt = user_message(prompt)
         if not warm:
-            ts.capture(model, req["prompt"], cfg)
+            ts.capture(model, prompt, cfg)
             warm = True
         time.sleep(0.5)
         t1 = time.perf_counter()
-        traj = ts.capture(model, req["prompt"], cfg)
+        traj = ts.capture(model, prompt, cfg)
         t = time.perf_counter() - t1
         print(json.dumps({"s": t, "prompt_ids": traj.token_ids[: traj.prompt_len], "n_steps": traj.n_steps}),
               flush=True)
 
 
-def one_generation(page, app, baseline: Baseline, n: int) -> dict:
-    """Generate ``n`` tokens of :data:`PROMPT` in the page, then capture the same with the same config."""
+def one_generation(page, app, baseline: Baseline, n: int, prompt: str = PROMPT) -> dict:
+    """Generate ``n`` tokens of ``prompt`` in the page, then capture the same with the same config."""
     area = page.locator(".ts-prompt textarea")
-    area.fill(PROMPT)
+    area.fill(prompt)
     area.press("Tab")
     box = page.get_by_label("Max new tokens", exact=True)
     box.fill(str(n))
     box.press("Enter")
-    wait(lambda: app.state.max_new_tokens == n and app.state.prompt == PROMPT)
+    wait(lambda: app.state.max_new_tokens == n and app.state.prompt == prompt)
     time.sleep(0.5)
     before = app.state.trajectory.run_id
     button = page.locator(".ts-generate button").element_handle()
@@ -173,7 +187,7 @@ def one_generation(page, app, baseline: Baseline, n: int) -> dict:
     t_app = page.evaluate("() => (window.__t_done - window.__t_click) / 1000")
     traj, config = app.state.trajectory, app.controls.job.config
     ids = traj.token_ids[: traj.prompt_len]
-    ref = baseline.capture(PROMPT, config)
+    ref = baseline.capture(prompt, config, chat=app.controls.job.chat)
     t_cap = ref["s"]
     assert ref["prompt_ids"] == ids and ref["n_steps"] == traj.n_steps
     return {"steps": traj.n_steps, "app_s": t_app, "capture_s": t_cap, "ratio": t_app / t_cap,
@@ -184,11 +198,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presses", type=int, default=60, help="key presses per tab")
     ap.add_argument("--reps", type=int, default=5, help="interleaved app / capture repetitions per length")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "app_generate.json"))
+    ap.add_argument("--model", default="sample", help="the app's model (a name load_model takes): sample, smollm2")
+    ap.add_argument("--lengths", type=int, nargs="*", default=None,
+                    help="new tokens per Generate (default: 64 300 on the sample model, 64 otherwise)")
+    ap.add_argument("--prompt", default=None, help="default: a code prompt on the sample model, a chat question otherwise")
+    ap.add_argument("--out", default=None,
+                    help="JSON results (default benchmarks/results/app_generate.json, app_generate_MODEL.json for others)")
     ap.add_argument("--port", type=int, default=5093)
     ap.add_argument("--app-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment variable for the app's process only (read before torch loads)")
     args = ap.parse_args()
+    lengths = args.lengths or ([64, 300] if args.model == "sample" else [64])
+    prompt = args.prompt or (PROMPT if args.model == "sample" else QUESTION)
+    suffix = "" if args.model == "sample" else f"_{args.model}"
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / f"app_generate{suffix}.json")
     os.environ.setdefault("TRAJSCOPE_RUNS_DIR", tempfile.mkdtemp(prefix="trajscope-bench-runs-"))
     import panel as pn
     import torch
@@ -200,20 +223,21 @@ def main() -> None:
     # loaded before anything is timed, on a thread of its own as the served app's warm-up does: a
     # thread that ran PyTorch's parallel ops keeps an OpenMP team, which throttles every other team
     # (trajscope/ui/openmp.py); this script's main thread drives the browser and must hold none
-    loading = threading.Thread(target=runner.get_model, args=("sample",))
+    loading = threading.Thread(target=runner.get_model, args=(args.model,))
     loading.start()
     loading.join()
-    baseline = Baseline()
+    baseline = Baseline(args.model)
     apps = []
 
     def make():
-        tpl = default_page()
+        tpl = default_page(model=args.model)
         apps.append(tpl._trajscope)
         return tpl
 
     server = pn.serve(make, port=args.port, show=False, threaded=True, title="trajscope")
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                          f"{torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d %H:%M"),
+              "model": args.model, "prompt": prompt,
               "app_env": args.app_env, "baseline": "trajscope.capture in a clean child process, CLI environment",
               "generate": {}, "keypress_ms": {}}
     try:
@@ -222,13 +246,13 @@ def main() -> None:
             page = browser.new_page(viewport={"width": 1500, "height": 1400})
             page.goto(f"http://localhost:{args.port}/", timeout=120_000)
             page.locator(".ts-generate").wait_for(timeout=120_000)
-            wait(lambda: apps and apps[0].state.trajectory is not None)
+            wait(lambda: apps and apps[0].state.trajectory is not None and not apps[0].state.busy)
             app = apps[0]
             time.sleep(2)
-            runs: dict[int, list[dict]] = {64: [], 300: []}
+            runs: dict[int, list[dict]] = {n: [] for n in lengths}
             for rep in range(args.reps):
-                for n in (64, 300):
-                    runs[n].append(one_generation(page, app, baseline, n))
+                for n in lengths:
+                    runs[n].append(one_generation(page, app, baseline, n, prompt))
                     r = runs[n][-1]
                     print(f"{n} tokens (rep {rep + 1}): app {r['app_s']:.2f} s, capture {r['capture_s']:.2f} s, "
                           f"ratio {r['ratio']:.2f}; job {r['app_job']}")
@@ -248,7 +272,7 @@ def main() -> None:
                       f"({100 * ci['paired_coverage']:.0f}% interval) over {len(rs)} interleaved repetitions")
             page.evaluate(KEYTIME)
             last = app.state.n_steps - 1
-            for tab in ("Overview", "Attention"):
+            for tab in ("Overview", "Attention") if args.presses > 0 else ():
                 page.locator(".bk-tab", has_text=tab).click()
                 time.sleep(3)
                 page.evaluate("() => document.activeElement && document.activeElement.blur()")

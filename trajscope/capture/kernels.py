@@ -188,17 +188,22 @@ def pooled_median_abs(r: torch.Tensor):
     NumPy's introselect (``np.partition``), about 25× faster, and is the same element, so the value is
     identical. Elsewhere (a GPU, NumPy missing, a NaN in the layer) it is ``torch.median``.
     """
-    ax = r.float().abs().reshape(-1)
-    if not bool((ax > MASSIVE_ABS).any()):
+    ax = r.float().abs().reshape(-1)  # a fresh tensor: r itself is never reordered
+    top = ax.amax()  # NaN where any value is NaN
+    nan = bool(torch.isnan(top))
+    passes = bool((ax > MASSIVE_ABS).any()) if nan else bool(top > MASSIVE_ABS)
+    if not passes:
         return None
-    if ax.device.type == "cpu" and not bool(torch.isnan(ax).any()):
+    if ax.device.type == "cpu" and not nan:
         try:
             import numpy as np
         except ImportError:
             np = None
         if np is not None:
             k = (ax.numel() - 1) // 2  # torch.median's lower median
-            return torch.tensor(float(np.partition(ax.numpy(), k)[k]), dtype=torch.float32)
+            values = ax.numpy()
+            values.partition(k)  # in place: ax is this function's own copy
+            return torch.tensor(float(values[k]), dtype=torch.float32)
     return ax.median()
 
 

@@ -14,6 +14,14 @@ on SmolLM2-135M position 0 reaches |x| ≈ 25,000 with its own median |x| above 
 so against its own median it never counts, while the layer's median over the
 prompt is well under 1.
 
+At prefill the kernel runs on every layer's ``[P, d_model]`` block, so it is written for few passes:
+one ``[..., d]`` temporary is reused for the centred values, their squares and fourth powers, |x|,
+the outlier comparison and x²; a count is a comparison written into that float buffer and summed
+(a bool tensor's sum would copy the block to int64); and the massive rule, with its median, looks
+only at the vectors whose max |x| passes the absolute bar. Every statistic is computed by the same
+torch operation on the same values as the definition written out one statistic at a time, so the
+results are the same bits (``tests/test_residual_stats.py``).
+
 This module imports nothing but torch, because capture ships it by value to the
 NDIF server (``nnsight.register``) and runs it inside the step.
 """
@@ -42,27 +50,52 @@ def residual_stats(x: torch.Tensor, median_abs=None, dtype: torch.dtype = torch.
     Returns:
         ``[..., 7]`` in ACT_FIELDS order (counts stored as floats).
     """
-    x = x.to(dtype)
+    with torch.no_grad():  # statistics, never differentiated; out= and in-place need it under autograd
+        return _stats(x.to(dtype), median_abs, dtype, pooled)
+
+
+def _stats(x, median_abs, dtype, pooled):
+    """:func:`residual_stats` on ``x`` already in ``dtype``: one ``[..., d]`` temporary, reused."""
     mean = x.mean(-1)
-    centred = x - mean.unsqueeze(-1)
-    c2 = centred * centred
+    buf = x - mean.unsqueeze(-1)  # the one [..., d] temporary: centred values, then c², c⁴, |x|, ...
+    c2 = buf.mul_(buf)
     var = c2.mean(-1)
-    m4 = (c2 * c2).mean(-1)
+    m4 = c2.mul_(c2).mean(-1)
     kurt = torch.where(var > 0, m4 / var.pow(2).clamp_min(1e-30) - 3.0, torch.zeros_like(var))
-    ax = x.abs()
+    ax = torch.abs(x, out=buf)
     max_abs = ax.amax(-1)
-    n_out = (ax > OUTLIER_ABS).sum(-1).to(dtype)
-    big = ax > MASSIVE_ABS
-    if bool(big.any()):  # the median only matters where some |x| passes the absolute bar
-        if median_abs is None and pooled:
-            med = ax.reshape(-1).median()
-        elif median_abs is None:
-            med = ax.median(-1).values.unsqueeze(-1)
-        else:
-            med = torch.as_tensor(median_abs, dtype=dtype, device=x.device)
-            med = med.unsqueeze(-1) if med.dim() > 0 else med
-        n_massive = (big & (ax > MASSIVE_RATIO * med)).sum(-1).to(dtype)
-    else:
-        n_massive = torch.zeros_like(max_abs)
-    norm = (x * x).sum(-1).sqrt()
+    # a comparison written into a float buffer and summed is exact (counts ≤ d) and avoids a bool
+    # tensor, whose sum goes through an int64 copy of the whole block
+    n_out = torch.gt(ax, OUTLIER_ABS, out=buf).sum(-1)
+    norm = torch.mul(x, x, out=buf).sum(-1).sqrt()
+    n_massive = _n_massive(x, max_abs, median_abs, dtype, pooled)
     return torch.stack([norm, mean, var, kurt, max_abs, n_out, n_massive], dim=-1)
+
+
+def _n_massive(x, max_abs, median_abs, dtype, pooled):
+    """The count of ``|x| > MASSIVE_ABS`` and ``|x| > MASSIVE_RATIO × m`` per vector.
+
+    Only a vector whose max |x| passes the absolute bar (or is NaN) can count, so the comparison
+    runs on those vectors alone (at prefill: the sink and a few others among P), picked by index
+    with one host sync (``nonzero``), as many as the unfused rule's ``any``; the reference median is
+    the same element as over the whole of ``x``.
+    """
+    d = x.shape[-1]
+    flat_max = max_abs.reshape(-1)
+    idx = (~(flat_max <= MASSIVE_ABS)).nonzero().squeeze(-1)  # > the bar, or NaN
+    n_massive = torch.zeros_like(flat_max)
+    if idx.numel() == 0:  # the median only matters where some |x| passes the absolute bar
+        return n_massive.reshape(max_abs.shape)
+    ax = x.reshape(-1, d).index_select(0, idx).abs()  # [k, d]
+    if median_abs is None and pooled:
+        med = x.abs().reshape(-1).median()
+    elif median_abs is None:
+        med = ax.median(-1).values.unsqueeze(-1)
+    else:
+        med = torch.as_tensor(median_abs, dtype=dtype, device=x.device)
+        if med.dim() > 0:
+            med = torch.broadcast_to(med, max_abs.shape).reshape(-1).index_select(0, idx).unsqueeze(-1)
+    # |x| > 100 and |x| > 1000 × m  ⟺  |x| > max(100, 1000 × m) (a NaN m fails both ways), counted as above
+    bar = torch.maximum(MASSIVE_RATIO * med, torch.tensor(MASSIVE_ABS, dtype=dtype, device=x.device))
+    counts = torch.gt(ax, bar, out=ax).sum(-1)
+    return n_massive.index_copy_(0, idx, counts).reshape(max_abs.shape)
