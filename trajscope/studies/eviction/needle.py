@@ -25,7 +25,8 @@ the needle sentence, :func:`key_positions`).
 
 :func:`heldout_perplexity` is the other measure the field reports: held-out text whose first P tokens are the
 compressed prompt and whose rest is teacher-forced under the key mask (mean NLL per token; budget 1.0 equals the
-full model's exactly).
+full model's exactly); the registered ``eviction-ppl`` study (:mod:`trajscope.studies.eviction.perplexity`) runs
+it on held-out files.
 
 Accuracy per policy and budget comes with a Wilson interval (:func:`trajscope.stats.binomial_interval`) over
 prompts, the unit of independence: :func:`accuracy_table` is the one function that computes it (the
