@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from reference.kvcache_factory_snapkv import snapkv_kept
+
 from trajscope.metrics import eviction as ev
 
 
