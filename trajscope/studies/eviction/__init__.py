@@ -37,16 +37,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trajscope.studies.eviction.config import (
-    EvictionConfig,
-    NeedleConfig,
-    PerplexityConfig,
-)
-from trajscope.studies.eviction.section import (
-    needle_section,
-    perplexity_section,
-    section,
-)
+from trajscope.studies.eviction.config import EvictionConfig, NeedleConfig, PerplexityConfig
+from trajscope.studies.eviction.section import needle_section, perplexity_section, section
 from trajscope.studies.registry import Result, Study, register
 
 PROMPTS = "sample_data/prompts/heldout_code.jsonl"
