@@ -112,7 +112,7 @@ def test_quick_presets_are_valid_configs():
 
     from trajscope.calibration.plan import RUNNER_KEYS
 
-    for name in ("eviction", "needle"):
+    for name in ("eviction", "needle", "eviction-ppl"):
         study = studies()[name]
         own = {k: v for k, v in study.quick.items() if k not in RUNNER_KEYS}  # prompt count and cut: the runner's
         cfg = study.config(**own)  # the config checks itself: one sentence on a bad override

@@ -24,14 +24,21 @@ ones decode attends to, and what does evicting the rest cost the next-token dist
 :func:`~trajscope.studies.eviction.needle.accuracy_table`), so ``trajscope study needle --help`` lists only
 what applies. Section: :func:`~trajscope.studies.eviction.section.needle_section`; no app card (a 2k-token
 prompt set is not the run on screen).
+
+**eviction-ppl** — held-out perplexity against budget, the field's other measure: one text per held-out
+standard-library file, its first ``--prompt-len`` tokens compressed, the next ``--continuation`` teacher-forced
+under the key mask (:mod:`~trajscope.studies.eviction.perplexity`; tables ``eviction_ppl`` and
+``eviction_ppl_summary``, the paired increase over the full cache with a bootstrap interval over files from
+:func:`~trajscope.studies.eviction.perplexity.perplexity_summary`). Its own study for the same reason as needle: it
+reads its own input and has its own headline. Section: :func:`~trajscope.studies.eviction.section.perplexity_section`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from trajscope.studies.eviction.config import EvictionConfig, NeedleConfig
-from trajscope.studies.eviction.section import needle_section, section
+from trajscope.studies.eviction.config import EvictionConfig, NeedleConfig, PerplexityConfig
+from trajscope.studies.eviction.section import needle_section, perplexity_section, section
 from trajscope.studies.registry import Result, Study, register
 
 PROMPTS = "sample_data/prompts/heldout_code.jsonl"
@@ -49,6 +56,14 @@ def run_needle(model: Any, prompts: Any, config: NeedleConfig, progress: Any = N
     from trajscope.studies.eviction.needle import run as needle_run
 
     return needle_run(model, prompts, config, progress, layers)
+
+
+def run_perplexity(model: Any, prompts: Any, config: PerplexityConfig, progress: Any = None,
+                   layers: Any = None) -> Result:
+    """The held-out perplexity study (:func:`trajscope.studies.eviction.perplexity.run`); ``prompts`` is not used."""
+    from trajscope.studies.eviction.perplexity import run as ppl_run
+
+    return ppl_run(model, prompts, config, progress, layers)
 
 
 def card(state: Any) -> Any:
@@ -73,3 +88,8 @@ register(Study(name="needle", question=_question(NeedleConfig), config=NeedleCon
                quick={"n_prompts": 4, "context": 1024, "budgets": (0.2, 1.0),
                       "policies": ("snapkv", "lookahead", "streamingllm_rolling"), "answer_tokens": 10},
                example="trajscope study needle --model smollm2 --context 2048 --n-prompts 24 --out needle/"))
+register(Study(name="eviction-ppl", question=_question(PerplexityConfig), config=PerplexityConfig, run=run_perplexity,
+               section=perplexity_section,
+               quick={"n_files": 4, "prompt_len": 256, "continuation": 32, "budgets": (0.2,),
+                      "policies": ("snapkv", "streamingllm", "lookahead")},
+               example="trajscope study eviction-ppl --model smollm2 --n-files 16 --prompt-len 1024 --out ppl/"))

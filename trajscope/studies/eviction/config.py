@@ -1,6 +1,6 @@
-"""The eviction and needle studies' configs: frozen dataclasses whose fields carry their help.
+"""The eviction, needle and eviction-ppl studies' configs: frozen dataclasses whose fields carry their help.
 
-``trajscope study eviction`` and ``trajscope study needle`` generate their flags from these
+``trajscope study eviction``, ``trajscope study needle`` and ``trajscope study eviction-ppl`` generate their flags from these
 (:mod:`trajscope.studies.flags`); each config checks itself in ``__post_init__`` (one sentence,
 before any model is loaded).
 """
@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from trajscope.errors import TrajscopeError
 from trajscope.metrics import eviction as ev
 from trajscope.studies.eviction.needle import POLICIES as NEEDLE_POLICIES
+from trajscope.studies.eviction.needle import STATIC
 
 
 def _help(text: str, **more: Any) -> dict[str, Any]:
@@ -89,6 +90,36 @@ class NeedleConfig:
             raise TrajscopeError(f"--depths must be fractions in [0, 1]; got {','.join(map(str, self.depths))}.")
         if self.answer_tokens < 1:
             raise TrajscopeError(f"--answer-tokens must be at least 1, not {self.answer_tokens}.")
+
+    def budget_values(self) -> list[float | int]:
+        """The budgets as :func:`~trajscope.metrics.eviction.resolve_budget` reads them."""
+        return [int(b) if float(b) > 1 and float(b).is_integer() else float(b) for b in self.budgets]
+
+
+@dataclasses.dataclass(frozen=True)
+class PerplexityConfig:
+    """How much worse does the model predict held-out text once a KV-eviction policy has compressed the prompt
+    before it?"""
+
+    # the study reads held-out standard-library files itself: no --prompts, --max-prompts or --max-tokens
+    OWN_INPUT: ClassVar[str] = ("held-out standard-library source files (the end of trajscope prepare's SHA-1 order), "
+                                "one text of --prompt-len + --continuation tokens per file")
+
+    policies: tuple[str, ...] = field(default=STATIC, metadata=_help(
+        f"eviction policies ({', '.join(STATIC)}); the full cache is always scored too"))
+    budgets: tuple[float, ...] = field(default=(0.1, 0.2, 0.5), metadata=_help(
+        "kept prompt positions per head: fractions of the prompt in (0, 1] or whole counts"))
+    window: int = field(default=32, metadata=_help("observation window w"))
+    lookahead: int = field(default=8, metadata=_help("m: LAQ draft and pseudo queries"))
+    prompt_len: int = field(default=1024, metadata=_help("tokens of each text that form the compressed prompt"))
+    continuation: int = field(default=128, metadata=_help("tokens after the prompt, teacher-forced and scored"))
+    n_files: int = field(default=16, metadata=_help("held-out files, one text each (the unit of the intervals)"))
+
+    def __post_init__(self) -> None:
+        _check_common(self.policies, STATIC, self.budgets, self.window, self.lookahead)
+        if self.n_files < 2 or self.continuation < 1 or self.prompt_len <= self.window:
+            raise TrajscopeError(f"--n-files must be at least 2, --continuation at least 1 and --prompt-len longer "
+                                 f"than --window (got {self.n_files}, {self.continuation}, {self.prompt_len}).")
 
     def budget_values(self) -> list[float | int]:
         """The budgets as :func:`~trajscope.metrics.eviction.resolve_budget` reads them."""

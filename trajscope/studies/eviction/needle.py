@@ -25,7 +25,8 @@ the needle sentence, :func:`key_positions`).
 
 :func:`heldout_perplexity` is the other measure the field reports: held-out text whose first P tokens are the
 compressed prompt and whose rest is teacher-forced under the key mask (mean NLL per token; budget 1.0 equals the
-full model's exactly).
+full model's exactly); the registered ``eviction-ppl`` study (:mod:`trajscope.studies.eviction.perplexity`) runs
+it on held-out files.
 
 Accuracy per policy and budget comes with a Wilson interval (:func:`trajscope.stats.binomial_interval`) over
 prompts, the unit of independence: :func:`accuracy_table` is the one function that computes it (the
@@ -200,13 +201,15 @@ def accuracy_table(answers: pl.DataFrame, level: float = 0.95, by: Sequence[str]
 
 def heldout_perplexity(model: Any, texts: Sequence[Sequence[int]], prompt_len: int, policies: Sequence[str] = STATIC,
                        budgets: Sequence[float | int] = (0.1, 0.2, 0.5, 1.0), *, window: int = 32,
-                       lookahead: int = 8) -> pl.DataFrame:
+                       lookahead: int = 8, progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
     """Perplexity of held-out text under eviction: the first ``prompt_len`` tokens are the prompt a policy
     compresses, the rest is teacher-forced with the evicted prompt keys hidden from every later query.
 
     Returns:
-        One row per text × (policy, budget), plus ``policy="full"``: ``run_id, policy, budget, nll`` (mean
-        negative log-likelihood per continuation token, nats) and ``n_tokens``; perplexity is ``exp(nll)``.
+        One row per text × (policy, budget), plus ``policy="full"``: ``run_id, policy, budget, budget_tokens``
+        (mean kept prompt positions per head), ``nll`` (mean negative log-likelihood per continuation token, nats)
+        and ``n_tokens``; perplexity is ``exp(nll)``. The registered ``eviction-ppl`` study
+        (:mod:`trajscope.studies.eviction.perplexity`) runs it on held-out files.
     """
     P = int(prompt_len)
     bad = [p for p in policies if p not in STATIC]
@@ -214,6 +217,14 @@ def heldout_perplexity(model: Any, texts: Sequence[Sequence[int]], prompt_len: i
         raise TrajscopeError(f"Held-out perplexity runs the static policies ({', '.join(STATIC)}); '{bad[0]}' is not "
                              "among them (a rolling cache is not teacher-forced here).")
     rows = []
+    total, done = len(texts) * (1 + len(policies) * len(budgets)), 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
     for i, ids in enumerate(texts):
         ids = list(ids)
         if len(ids) <= P + 1:
@@ -224,7 +235,9 @@ def heldout_perplexity(model: Any, texts: Sequence[Sequence[int]], prompt_len: i
             logits = model.forward(ids[:-1], prompt_len=P, key_mask=key_mask).logits[P - 1:]
             return float(torch.nn.functional.cross_entropy(logits, target))
 
-        rows.append({"run_id": str(i), "policy": "full", "budget": 1.0, "nll": nll(None), "n_tokens": len(target)})
+        rows.append({"run_id": str(i), "policy": "full", "budget": 1.0, "budget_tokens": float(P), "nll": nll(None),
+                     "n_tokens": len(target)})
+        tick()
         pre = model.forward(ids[:P], return_cache=True, attention_rows=window)
         prefill = torch.stack([pre.attn[layer] for layer in sorted(pre.attn)])
         pseudo = eq.pseudo_rows(model, ids[:P], lookahead, prefill=pre) if "pseudo" in policies else None
@@ -235,8 +248,9 @@ def heldout_perplexity(model: Any, texts: Sequence[Sequence[int]], prompt_len: i
                     q = eq.laq_rows(model, ids[:P], pre, prefill, budget, window=window, m=lookahead)[1]
                 sel = ev.select(policy, prefill, budget, window=window, query_rows=q)
                 mask = None if bool(sel.mask.all()) else ev.key_mask(sel, len(ids))
-                rows.append({"run_id": str(i), "policy": policy, "budget": float(budget), "nll": nll(mask),
-                             "n_tokens": len(target)})
+                rows.append({"run_id": str(i), "policy": policy, "budget": float(budget),
+                             "budget_tokens": float(sel.budget_tokens), "nll": nll(mask), "n_tokens": len(target)})
+                tick()
     return pl.DataFrame(rows)
 
 

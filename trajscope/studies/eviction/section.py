@@ -9,6 +9,9 @@ accumulated split (``eviction_split_summary``); plus a figure of KL by depth ban
 
 :func:`needle_section` shows the passkey retrieval accuracy per policy and budget with its Wilson
 interval, from the ``needle_summary`` table (:func:`trajscope.studies.eviction.needle.accuracy_table`).
+
+:func:`perplexity_section` shows the held-out NLL per policy and budget and its paired increase over the full
+cache, from the ``eviction_ppl_summary`` table (:func:`trajscope.studies.eviction.perplexity.perplexity_summary`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from trajscope.studies.registry import Result
 
 TITLE = "KV-cache eviction: what the kept prompt keys cost decode"
 NEEDLE_TITLE = "Passkey retrieval under KV eviction"
+PPL_TITLE = "Held-out perplexity under KV eviction"
 NOTE = ("Per policy and budget (kept prompt positions per head, a fraction of the prompt or a count): recall@k = share "
         "of a decode step's top-k attended prompt positions that were kept; evicted mass = the step's attention on "
         "evicted prompt keys; KL = KL(p_full ‖ p_masked) of the next-token distribution, teacher-forced; token "
@@ -133,3 +137,25 @@ def needle_section(result: Result) -> tuple[str, str, list]:
     head = ["policy", "budget", "kept tokens (mean)", "accuracy [95% Wilson]", "n prompts"]
     return NEEDLE_TITLE, f"<p class='note'>{note}</p>" + _table(
         head + (["passkey keys kept (mean)"] if has_key else []), rows), []
+
+
+def perplexity_section(result: Result) -> tuple[str, str, list]:
+    """The eviction-ppl study's report section: NLL and its paired increase over the full cache, per policy and
+    budget, with 95% bootstrap intervals over files."""
+    summ = result.table("eviction_ppl_summary")
+    cfg = result.config
+
+    def cell(r: dict, col: str) -> str:
+        return html_text(format_interval(r[col], r[f"{col}_lo"], r[f"{col}_hi"], n_clusters=r["n_files"], unit="file"))
+
+    rows = [[html_text(r["policy"]), f"{r['budget']:g}", f"{r['mean_kept_tokens']:.0f}", cell(r, "nll"),
+             "—" if r["policy"] == "full" else cell(r, "delta_nll"), str(r["n_files"])]
+            for r in summ.iter_rows(named=True)]
+    note = (f"One text per held-out standard-library file: its first {cfg.get('prompt_len', '?')} tokens are the "
+            f"prompt a policy compresses, the next {cfg.get('continuation', '?')} are teacher-forced with the evicted "
+            "prompt keys hidden (window " + html_text(str(cfg.get("window", "?"))) + "). NLL = mean negative "
+            "log-likelihood per continuation token (nats); increase = paired on the same file against "
+            "<code>full</code>, the uncompressed cache. 95% bootstrap intervals over files; an interval containing "
+            "0 means no increase was detected.")
+    head = ["policy", "budget", "kept tokens (mean)", "NLL (nats)", "increase over full", "n files"]
+    return PPL_TITLE, f"<p class='note'>{note}</p>" + _table(head, rows), []
