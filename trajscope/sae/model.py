@@ -135,10 +135,7 @@ class SAE(nn.Module):
         """
         if f.shape[-1] != self.cfg.d_sae:
             raise TrajscopeError(f"This SAE has {self.cfg.d_sae} features but got a {f.shape[-1]}-wide code.")
-        mode = self.cfg.normalize_activations
-        if stats is None and mode in ("constant_norm_rescale", "layer_norm"):
-            raise TrajscopeError(f"This SAE normalises each input ({mode}), so decoding needs that input's "
-                                 "statistics: use sae.reconstruct(x), or decode(f, stats=sae.input_stats(x)).")
+        self._check_stats(stats)
         f = f.to(self.W_dec.dtype)
         if self.cfg.architecture == "topk" and self.cfg.rescale_acts_by_decoder_norm:
             f = f / self.W_dec.norm(dim=-1)
@@ -149,10 +146,7 @@ class SAE(nn.Module):
         and activations; inactive slots may carry value 0). Sums ``m`` decoder rows instead of
         multiplying by the whole ``[d_sae, d_in]`` decoder: the same reconstruction up to float
         rounding (the order of the sum), ``d_sae / m`` times less work."""
-        mode = self.cfg.normalize_activations
-        if stats is None and mode in ("constant_norm_rescale", "layer_norm"):
-            raise TrajscopeError(f"This SAE normalises each input ({mode}), so decoding needs that input's "
-                                 "statistics: pass stats=sae.input_stats(x).")
+        self._check_stats(stats)
         vals = vals.to(self.W_dec.dtype)
         if self.cfg.architecture == "topk" and self.cfg.rescale_acts_by_decoder_norm:
             vals = vals / self.W_dec.norm(dim=-1)[idx]
@@ -160,6 +154,13 @@ class SAE(nn.Module):
         x = torch.nn.functional.embedding_bag(idx.reshape(-1, m), self.W_dec, mode="sum",
                                               per_sample_weights=vals.reshape(-1, m))
         return self._denormalise(x.reshape(*lead, self.cfg.d_in) + self.b_dec, stats)
+
+    def _check_stats(self, stats: Any) -> None:
+        """Decoding an SAE that normalises each input needs that input's statistics."""
+        mode = self.cfg.normalize_activations
+        if stats is None and mode in ("constant_norm_rescale", "layer_norm"):
+            raise TrajscopeError(f"This SAE normalises each input ({mode}), so decoding needs that input's "
+                                 "statistics: use sae.reconstruct(x), or pass stats=sae.input_stats(x).")
 
     def _denormalise(self, x: torch.Tensor, stats: Any) -> torch.Tensor:
         mode = self.cfg.normalize_activations
