@@ -50,8 +50,7 @@ _PENDING: set[concurrent.futures.Future] = set()  # run directories handed to a 
 def flush(timeout: float | None = None) -> bool:
     """Wait until every finished request handed to a writer thread in this process is saved; True when
     none is left pending (False after ``timeout`` seconds)."""
-    done, pending = concurrent.futures.wait(list(_PENDING), timeout=timeout)
-    return not pending
+    return not concurrent.futures.wait(list(_PENDING), timeout=timeout).not_done
 
 
 def set_enabled(enabled: bool) -> None:
