@@ -45,3 +45,14 @@ def test_sae_that_does_not_fit(tiny_models):
     deep = SAE(SAEConfig(architecture="topk", d_in=32, d_sae=64, k=8, hook_name="blocks.9.hook_resid_post"))
     with pytest.raises(ts.TrajscopeError, match="reads layer 9"):
         ts.capture(tiny_models["llama"], "x = 1", max_new_tokens=2, sae=deep)
+
+
+def test_sae_on_another_device_is_copied_there_and_left_in_place(sae):
+    """A capture on a GPU encodes with a copy of the SAE on the model's device (an SAE on the CPU made every CUDA
+    capture with an SAE fail); the caller's SAE stays where it was. "meta" stands in for the other device here."""
+    from trajscope.capture.attachments import on_device
+
+    assert on_device(sae, "cpu") is sae
+    moved = on_device(sae, "meta")
+    assert moved is not sae and all(p.device.type == "meta" for p in moved.parameters())
+    assert all(p.device.type == "cpu" for p in sae.parameters())

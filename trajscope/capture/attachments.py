@@ -37,7 +37,16 @@ def sae_spec(model: ModelHandle, sae: Any, k: int) -> tuple | None:
     if model.remote is True:
         raise TrajscopeError("Attaching an SAE to a remote (NDIF) capture is not supported yet; capture residuals "
                              "with residual_layers and encode them locally.")
-    return (layer, functools.partial(sae_features, sae, k=k))
+    return (layer, functools.partial(sae_features, on_device(sae, model.device), k=k))
+
+
+def on_device(sae: Any, device: str):
+    """``sae`` itself when its parameters are on ``device``, else a copy moved there (the caller's SAE stays put)."""
+    import copy
+
+    want = torch.empty(0, device=device).device  # "cuda" resolved to "cuda:0"
+    param = next(sae.parameters(), None)
+    return sae if param is None or param.device == want else copy.deepcopy(sae).to(want)
 
 
 def feature_tables(traj: Trajectory, records: list[StepRecord], layer: int, sae_name: str):
