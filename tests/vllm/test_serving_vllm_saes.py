@@ -84,7 +84,9 @@ def test_identical_scaled_cached_and_diverged_harvests():
     split = out["serving-vllm_sae_split"]
     train = split.filter(pl.col("split") == "train")["prompt_id"].to_list()
     assert sorted(train) == split_ids([f"p{i}" for i in range(6)], (0.5, 0.5), ("train", "eval"))["train"]
-    assert harv["prefix-cache"]["n_train_rows"] == 3 * N_POS - SHARED * sum(p != "p0" for p in train)
+    # train rows start at position 1 (position 0, the sink, is left out): the cached prompts lack 1..SHARED-1 too
+    assert harv["alone"]["n_train_rows"] == 3 * (N_POS - 1)
+    assert harv["prefix-cache"]["n_train_rows"] == 3 * (N_POS - 1) - (SHARED - 1) * sum(p != "p0" for p in train)
     pairs = out["serving-vllm_sae_pairs"]
     same_seed = pairs.filter((pl.col("mode") == "batch") & (pl.col("kind") == "same_seed"))
     assert same_seed.height == 2  # identical rows, same seed: the same SAE
@@ -97,6 +99,7 @@ def test_identical_scaled_cached_and_diverged_harvests():
     assert batch["value"][0] == 1 and batch["verdict"][0] in ("closer than reseeding", "within seed spread")
     saes = out["serving-vllm_saes"]
     assert set(saes["region"]) == {"all", "shared", "own"} and (saes["n_eval_prompts"] == 3).all()
+    assert saes.filter(pl.col("region") == "shared")["n_rows"].unique().to_list() == [3 * (SHARED - 1)]
 
 
 def test_alone_fvu_matches_the_trainers_sae_evaluated_here():
@@ -105,8 +108,8 @@ def test_alone_fvu_matches_the_trainers_sae_evaluated_here():
     alone = _alone()
     out = sae_tables({"alone": alone}, SHARED, CFG, eval_fraction=0.5)
     part = split_ids(list(alone), (0.5, 0.5), ("train", "eval"))
-    x_train = torch.cat([alone[p].rows for p in part["train"]])
-    x_eval = torch.cat([alone[p].rows for p in part["eval"]]).double().numpy()
+    x_train = torch.cat([alone[p].rows[1:] for p in part["train"]])  # from position 1: the sink is left out
+    x_eval = torch.cat([alone[p].rows[1:] for p in part["eval"]]).double().numpy()
     steps = CFG.n_tokens // CFG.batch_size
     sae, _ = train_sae(x_train, None, TrainConfig(d_sae=CFG.d_sae, k=CFG.k, n_tokens=CFG.n_tokens, batch_size=CFG.batch_size,
                                                   lr=CFG.lr, warmup_steps=min(100, max(1, steps // 10)),

@@ -59,6 +59,9 @@ class ServingVllmConfig:
     sae_n_tokens: int = field(default=256_000, metadata={"help": "SAE part: training rows drawn per SAE (the budget)"})
     sae_eval_fraction: float = field(default=0.5, metadata={"help": (
         "SAE part: share of prompts held out; every SAE is evaluated on the alone rows of these")})
+    sae_first_pos: int = field(default=1, metadata={"help": (
+        "SAE part: positions before it are left out of training and evaluation (1: position 0, the attention sink, "
+        "as the project's SmolLM2 SAEs do; 0: keep it)")})
 
     def __post_init__(self) -> None:
         if self.new_tokens < 2:
@@ -81,6 +84,8 @@ class ServingVllmConfig:
             raise TrajscopeError(f"--sae-k must lie between 1 and --sae-d-sae ({self.sae_d_sae}), not {self.sae_k}.")
         if self.sae_n_tokens < 1:
             raise TrajscopeError(f"--sae-n-tokens must be a positive number of rows, not {self.sae_n_tokens}.")
+        if self.sae_first_pos < 0:
+            raise TrajscopeError(f"--sae-first-pos must be a position (0 or more), not {self.sae_first_pos}.")
         if not 0 < self.sae_eval_fraction < 1:
             raise TrajscopeError(f"--sae-eval-fraction must lie between 0 and 1, not {self.sae_eval_fraction}.")
 

@@ -142,7 +142,8 @@ def _sae_html(result: Result) -> str:
             f"<p>One TopK SAE (d_sae {s0['d_sae']}, k {s0['k']}, {s0['n_tokens']:,} training rows drawn) per harvest "
             f"mode and seed on the layer-{s0['layer']} rows of {s0['n_train_prompts']} train prompts; every SAE is "
             f"evaluated on the alone rows of {s0['n_eval_prompts']} held-out prompts (A = the alone SAE, B = the "
-            "other), as the sae-stability study does. Rows at positions below the shared prefix "
+            f"other), as the sae-stability study does; positions before {s0['first_pos']} (the attention sink) are "
+            "left out of both. Rows at positions below the shared prefix "
             f"({s0['shared_prefix']} tokens) are the same in every prompt, so the <i>shared</i> region's interval over "
             "prompts does not measure sampling error. " + INTERVAL_NOTE + "</p>"
             + table(harv.rename({"rel_l2_lo": "rel_l2_vs_alone_lo", "rel_l2_hi": "rel_l2_vs_alone_hi"}),

@@ -11,7 +11,9 @@ rows the plugin kept, per prompt: the prompt positions the engine computed, then
   were never computed, so this harvest lacks them: for most prompts the leading full blocks of the shared
   header.
 
-The prompts are split once into ``train`` and ``eval`` (:func:`trajscope.stats.split_ids`). Per mode and seed
+Positions before ``first_pos`` (default 1: position 0, the attention sink, whose layer-15 residual in
+SmolLM2 has a norm near 29,000, as the project's SmolLM2 SAEs do) are left out of training and evaluation;
+the harvest table counts them. The prompts are split once into ``train`` and ``eval`` (:func:`trajscope.stats.split_ids`). Per mode and seed
 one TopK SAE is trained on the mode's rows of the train prompts, with one budget for all
 (:func:`trajscope.studies.sae_stability.train_compare`, the sae-stability study's own code: same trainer,
 same seeds, same pair metrics and verdicts). Every SAE is evaluated on the ``alone`` rows of the eval prompts.
@@ -20,8 +22,8 @@ The shared / own regions of the FVU table split those rows at the prompts' share
 Tables:
 
 - ``serving-vllm_sae_harvests``: per mode, the rows it holds, the positions it lacks against ``alone``, its
-  train rows, and the relative L2 against ``alone`` at the positions both computed with the same tokens (mean
-  per prompt, prompt-bootstrap interval);
+  train rows (from ``first_pos`` on), and the relative L2 against ``alone`` at the positions both computed with
+  the same tokens (mean per prompt, prompt-bootstrap interval);
 - ``serving-vllm_saes``, ``serving-vllm_sae_pairs``, ``serving-vllm_sae_summary``: the sae-stability study's
   ``_saes``, ``_pairs`` and ``_summary`` tables, with ``alone`` as the reference mode (A of every pair);
 - ``serving-vllm_sae_split``: each prompt's part, ``train`` or ``eval``.
@@ -94,8 +96,10 @@ def _common(a: PromptRows, b: PromptRows) -> tuple[int, int]:
     return max(a.first, b.first), min(a.first + len(a.rows), b.first + len(b.rows), div)
 
 
-def harvest_table(harvests: dict[str, dict[str, PromptRows]], train: Sequence[str], n_boot: int) -> pl.DataFrame:
-    """Per mode: rows held, positions lacking against ``alone``, train rows, rel. L2 vs ``alone`` (module docstring)."""
+def harvest_table(harvests: dict[str, dict[str, PromptRows]], train: Sequence[str], first_pos: int,
+                  n_boot: int) -> pl.DataFrame:
+    """Per mode: rows held, positions lacking against ``alone``, train rows (positions ≥ ``first_pos``), rel. L2
+    vs ``alone`` (module docstring)."""
     from trajscope.stats import cluster_bootstrap
 
     ref = harvests[REFERENCE]
@@ -111,24 +115,26 @@ def harvest_table(harvests: dict[str, dict[str, PromptRows]], train: Sequence[st
             missing += sum(1 for p in range(r.first, r.first + len(r.rows)) if p not in have)
         iv = cluster_bootstrap([v for v in rel if v == v], n_boot=n_boot)
         recs.append({"mode": mode, "n_prompts": len(per), "n_rows": sum(len(h.rows) for h in per.values()),
-                     "n_missing": missing, "n_train_rows": sum(len(per[p].rows) for p in train),
+                     "n_missing": missing, "n_train_rows": len(_stack(per, train, first_pos)[0]),
                      "rel_l2_vs_alone": iv.estimate, "rel_l2_lo": iv.lo, "rel_l2_hi": iv.hi})
     return pl.DataFrame(recs)
 
 
-def _stack(per: dict[str, PromptRows], ids: Sequence[str]) -> tuple[torch.Tensor, pl.DataFrame]:
-    """Rows of prompts ``ids`` stacked ``[n, d]``, and their ``prompt_id`` and ``pos``."""
+def _stack(per: dict[str, PromptRows], ids: Sequence[str], first_pos: int) -> tuple[torch.Tensor, pl.DataFrame]:
+    """Rows of prompts ``ids`` at positions ≥ ``first_pos``, stacked ``[n, d]``, and their ``prompt_id`` and ``pos``."""
     xs, pids, pos = [], [], []
     for pid in ids:
         h = per[pid]
-        xs.append(h.rows)
-        pids += [pid] * len(h.rows)
-        pos += list(range(h.first, h.first + len(h.rows)))
+        skip = max(0, first_pos - h.first)
+        xs.append(h.rows[skip:])
+        pids += [pid] * len(h.rows[skip:])
+        pos += list(range(h.first + skip, h.first + len(h.rows)))
     return torch.cat(xs).float(), pl.DataFrame({"prompt_id": pids, "pos": pos}, schema_overrides={"pos": pl.Int32})
 
 
 def sae_tables(harvests: dict[str, dict[str, PromptRows]], shared: int, cfg: Any, *, eval_fraction: float,
-               split_seed: int = 0, progress: Callable[[int, int], None] | None = None) -> dict[str, pl.DataFrame]:
+               first_pos: int = 1, split_seed: int = 0,
+               progress: Callable[[int, int], None] | None = None) -> dict[str, pl.DataFrame]:
     """Split the prompts, train an SAE per mode and seed, compare them (module docstring).
 
     Args:
@@ -136,6 +142,7 @@ def sae_tables(harvests: dict[str, dict[str, PromptRows]], shared: int, cfg: Any
         shared: the prompts' shared prefix length (the FVU table's shared / own regions).
         cfg: a :class:`~trajscope.studies.sae_stability.StabilityConfig` (budget, seeds, threshold, n_boot).
         eval_fraction: the share of prompts held out for evaluation; split_seed: the split's seed.
+        first_pos: positions before it are left out of training and evaluation (the attention sink).
         progress: optional ``(done, total)`` after each trained SAE.
     Returns:
         ``serving-vllm_sae_harvests``, ``serving-vllm_saes``, ``serving-vllm_sae_pairs``, ``serving-vllm_sae_summary``
@@ -152,13 +159,13 @@ def sae_tables(harvests: dict[str, dict[str, PromptRows]], shared: int, cfg: Any
     if len(ids) < 4:
         raise TrajscopeError(f"The SAE part needs at least 4 prompts (train and eval), not {len(ids)}.")
     split = split_ids(ids, (1 - eval_fraction, eval_fraction), ("train", "eval"), seed=split_seed)
-    x_eval, eval_rows = _stack(harvests[REFERENCE], split["eval"])
-    pools = {mode: _stack(per, split["train"])[0] for mode, per in harvests.items()}
+    x_eval, eval_rows = _stack(harvests[REFERENCE], split["eval"], first_pos)
+    pools = {mode: _stack(per, split["train"], first_pos)[0] for mode, per in harvests.items()}
     saes, pairs, summary = train_compare(pools, x_eval, eval_rows, shared, cfg, reference=REFERENCE, progress=progress)
     setup = {"layer": cfg.layer, "n_train_prompts": len(split["train"]), "n_eval_prompts": len(split["eval"]),
-             "shared_prefix": shared}
+             "shared_prefix": shared, "first_pos": first_pos}
     lit = lambda d: [pl.lit(v).alias(k) for k, v in d.items()]  # noqa: E731
-    return {"serving-vllm_sae_harvests": harvest_table(harvests, split["train"], cfg.n_boot).with_columns(lit(setup)),
+    return {"serving-vllm_sae_harvests": harvest_table(harvests, split["train"], first_pos, cfg.n_boot).with_columns(lit(setup)),
             "serving-vllm_saes": saes.with_columns(lit({**setup, "d_sae": cfg.d_sae, "k": cfg.k, "n_tokens": cfg.n_tokens})),
             "serving-vllm_sae_pairs": pairs, "serving-vllm_sae_summary": summary,
             "serving-vllm_sae_split": pl.DataFrame({"prompt_id": ids, "split": [

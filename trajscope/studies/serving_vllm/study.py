@@ -192,7 +192,7 @@ def _sae_part(prompts: Sequence[tuple[str, list[int]]], plan: dict, config: Any,
     cfg = StabilityConfig(layer=layer, seeds=tuple(dict.fromkeys(config.sae_seeds)), d_sae=config.sae_d_sae,
                           k=config.sae_k, n_tokens=config.sae_n_tokens)
     return sae_tables(harvests, shared_prefix_len([ids for _, ids in prompts]), cfg,
-                      eval_fraction=config.sae_eval_fraction, progress=progress)
+                      eval_fraction=config.sae_eval_fraction, first_pos=config.sae_first_pos, progress=progress)
 
 
 def _asdict(config: Any) -> dict:
