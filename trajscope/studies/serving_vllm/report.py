@@ -145,7 +145,8 @@ def _sae_html(result: Result) -> str:
             f"other), as the sae-stability study does; positions before {s0['first_pos']} (the attention sink) are "
             "left out of both. Rows at positions below the shared prefix "
             f"({s0['shared_prefix']} tokens) are the same in every prompt, so the <i>shared</i> region's interval over "
-            "prompts does not measure sampling error. " + INTERVAL_NOTE + "</p>"
+            "prompts does not measure sampling error. " + INTERVAL_NOTE + " Decoder cosines: features resampled; "
+            "share matched: binomial.</p>"
             + table(harv.rename({"rel_l2_lo": "rel_l2_vs_alone_lo", "rel_l2_hi": "rel_l2_vs_alone_hi"}),
                     ["mode", "n_prompts", "n_rows", "n_missing", "n_train_rows", "rel_l2_vs_alone"],
                     ci_of=["rel_l2_vs_alone"])
