@@ -199,22 +199,25 @@ def sae_table(evals: dict[tuple[str, int], _Eval], x: torch.Tensor, rows: pl.Dat
     return pl.DataFrame(recs)
 
 
-def _pairs(cfg: StabilityConfig) -> list[tuple[str, int, int, str]]:
-    """``(mode_b, seed_b, seed_a, kind)``; A is always the reference SAE of ``seed_a``."""
-    out = [("reference", t, s, "seed") for i, s in enumerate(cfg.seeds) for t in cfg.seeds[i + 1:]]
-    for mode in (m for m in cfg.modes if m != "reference"):
-        out += [(mode, s, a, "same_seed" if s == a else "cross_seed") for s in cfg.seeds for a in cfg.seeds]
+def _pairs(modes: Sequence[str], seeds: Sequence[int], reference: str) -> list[tuple[str, int, int, str]]:
+    """``(mode_b, seed_b, seed_a, kind)``; A is always the ``reference`` mode's SAE of ``seed_a``."""
+    out = [(reference, t, s, "seed") for i, s in enumerate(seeds) for t in seeds[i + 1:]]
+    for mode in (m for m in modes if m != reference):
+        out += [(mode, s, a, "same_seed" if s == a else "cross_seed") for s in seeds for a in seeds]
     return out
 
 
 def pair_rows(cfg: StabilityConfig, saes: dict, evals: dict, x: torch.Tensor,
-              rows: pl.DataFrame) -> tuple[pl.DataFrame, dict]:
-    """The per-pair table (metrics with intervals) and the per-pair raw values the summary pools."""
+              rows: pl.DataFrame, reference: str = "reference") -> tuple[pl.DataFrame, dict]:
+    """The per-pair table (metrics with intervals) and the per-pair raw values the summary pools.
+
+    The modes are those of ``saes`` (keys ``(mode, seed)``), in order; ``reference`` is mode A of every pair."""
     pid = rows["prompt_id"].to_numpy()
     every = np.ones(len(pid), bool)
     recs, raw = [], {}
-    for mode, sb, sa, kind in _pairs(cfg):
-        a, b = ("reference", sa), (mode, sb)
+    modes = list(dict.fromkeys(m for m, _ in saes))
+    for mode, sb, sa, kind in _pairs(modes, cfg.seeds, reference):
+        a, b = (reference, sa), (mode, sb)
         maxcos, match = decoder_match(saes[a].W_dec.detach(), saes[b].W_dec.detach())
         jac = row_jaccards(evals[a].codes, evals[b].codes, match)
         dfvu = _fvu_rows(evals[b], x, every) - _fvu_rows(evals[a], x, every)
@@ -286,7 +289,6 @@ def sae_stability_study(model: Any, prompts: Sequence[tuple[str, list[int]]], cf
         ``sae-stability_harvests`` (per mode), ``sae-stability_saes`` (per SAE × eval region),
         ``sae-stability_pairs`` (per pair), ``sae-stability_summary`` (per mode × kind × metric).
     """
-    from trajscope.features.train import TrainConfig, train_sae
     from trajscope.studies.prompts import shared_prefix_len
 
     cfg.check(model.n_layers)
@@ -301,12 +303,41 @@ def sae_stability_study(model: Any, prompts: Sequence[tuple[str, list[int]]], cf
     harvests = harvest_modes(model, prompts, cfg)
     shared = shared_prefix_len([s for _, s in prompts])
     x_eval, eval_rows = _pool(harvests["reference"], cfg.layer, set(split["eval"]))
+    pools = {mode: _pool(harvests[mode], cfg.layer, set(split["train"]))[0] for mode in cfg.modes}
+    saes, pairs, summary = train_compare(pools, x_eval, eval_rows, shared, cfg, progress=progress)
+    setup = {"layer": cfg.layer, "n_train_prompts": len(split["train"]), "n_eval_prompts": len(split["eval"])}
+    return {"sae-stability_harvests": harvest_table(harvests, cfg.layer, shared, cfg.n_boot).with_columns(
+                [pl.lit(v).alias(k) for k, v in setup.items()]),
+            "sae-stability_saes": saes.with_columns(
+                [pl.lit(v).alias(k) for k, v in {**setup, "d_sae": cfg.d_sae, "k": cfg.k,
+                                                  "n_tokens": cfg.n_tokens}.items()]),
+            "sae-stability_pairs": pairs, "sae-stability_summary": summary}
+
+
+def train_compare(pools: dict[str, torch.Tensor], x_eval: torch.Tensor, eval_rows: pl.DataFrame, shared: int,
+                  cfg: StabilityConfig, *, reference: str = "reference",
+                  progress: Callable[[int, int], None] | None = None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Train one TopK SAE per harvest and seed with one budget, evaluate each on ``x_eval`` and compare them.
+
+    Args:
+        pools: ``{mode: training rows [n, d]}``, ``reference`` among them (the A side of every pair).
+        x_eval: the held-out rows every SAE is evaluated on ``[m, d]``; eval_rows: their ``prompt_id`` and
+            ``pos`` (the bootstrap clusters and the shared / own regions, ``pos < shared`` being shared).
+        cfg: the budget (``d_sae``, ``k``, ``n_tokens``, ``batch_size``, ``lr``, ``layer``), ``seeds``,
+            ``match_threshold`` and ``n_boot``; its ``modes`` are not read (the pools' keys are the modes).
+        progress: optional ``(done, total)`` after each trained SAE.
+    Returns:
+        ``(saes, pairs, summary)``: :func:`sae_table`, :func:`pair_rows` and :func:`summarize_stability`.
+    """
+    from trajscope.features.train import TrainConfig, train_sae
+
+    if reference not in pools:
+        raise TrajscopeError(f"The harvests must include the reference mode '{reference}'.")
     steps = max(1, cfg.n_tokens // cfg.batch_size)
     tcfg = dict(d_sae=cfg.d_sae, k=cfg.k, n_tokens=cfg.n_tokens, batch_size=cfg.batch_size, lr=cfg.lr,
                 warmup_steps=min(100, max(1, steps // 10)), dead_after=min(200_000, cfg.n_tokens // 4))
-    saes, evals, curves, total = {}, {}, {}, len(cfg.modes) * len(cfg.seeds)
-    for mode in cfg.modes:
-        pool, _ = _pool(harvests[mode], cfg.layer, set(split["train"]))
+    saes, evals, curves, total = {}, {}, {}, len(pools) * len(cfg.seeds)
+    for mode, pool in pools.items():
         for seed in cfg.seeds:
             sae, curve = train_sae(pool, None, TrainConfig(**tcfg, seed=seed), layer=cfg.layer, progress=False,
                                    metadata={"serving_mode": mode, "n_train_rows": int(pool.shape[0])})
@@ -314,11 +345,6 @@ def sae_stability_study(model: Any, prompts: Sequence[tuple[str, list[int]]], cf
             evals[(mode, seed)] = _evaluate(sae, x_eval)
             if progress is not None:
                 progress(len(saes), total)
-    pairs, raw = pair_rows(cfg, saes, evals, x_eval, eval_rows)
-    setup = {"layer": cfg.layer, "n_train_prompts": len(split["train"]), "n_eval_prompts": len(split["eval"])}
-    return {"sae-stability_harvests": harvest_table(harvests, cfg.layer, shared, cfg.n_boot).with_columns(
-                [pl.lit(v).alias(k) for k, v in setup.items()]),
-            "sae-stability_saes": sae_table(evals, x_eval, eval_rows, shared, curves, cfg.n_boot).with_columns(
-                [pl.lit(v).alias(k) for k, v in {**setup, "d_sae": cfg.d_sae, "k": cfg.k,
-                                                  "n_tokens": cfg.n_tokens}.items()]),
-            "sae-stability_pairs": pairs, "sae-stability_summary": summarize_stability(pairs, raw, eval_rows, cfg.n_boot)}
+    pairs, raw = pair_rows(cfg, saes, evals, x_eval, eval_rows, reference)
+    return (sae_table(evals, x_eval, eval_rows, shared, curves, cfg.n_boot), pairs,
+            summarize_stability(pairs, raw, eval_rows, cfg.n_boot))

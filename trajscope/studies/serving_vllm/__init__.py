@@ -10,11 +10,15 @@ against the same prompt run alone, at the float32 floor the determinism study de
 - chunked prefill on (a token budget per forward of a few tokens) vs off (one forward);
 - prefix caching on, with vLLM's own hit counts giving the coverage map by token class.
 
+With ``--sae-seeds``, one TopK SAE is trained per harvest mode and seed on the kept rows and the SAEs are
+compared as the sae-stability study does (:mod:`~trajscope.studies.serving_vllm.saes`).
+
 It needs vLLM, so it runs in the environment of ``bash scripts/install.sh --vllm``
 (``.venv-vllm/bin/trajscope study serving-vllm --model smollm2``); elsewhere it says so in one
 sentence. Parts: :mod:`~trajscope.studies.serving_vllm.study` (the runs),
 :mod:`~trajscope.studies.serving_vllm.engine` (one engine, in its own process),
-:mod:`~trajscope.studies.serving_vllm.tables` and :mod:`~trajscope.studies.serving_vllm.report`.
+:mod:`~trajscope.studies.serving_vllm.tables`, :mod:`~trajscope.studies.serving_vllm.saes` (the SAE part)
+and :mod:`~trajscope.studies.serving_vllm.report`.
 """
 
 from __future__ import annotations
@@ -47,6 +51,17 @@ class ServingVllmConfig:
         "chunked-prefill token budgets per forward (one engine each; empty: no chunked part)")})
     no_prefix_cache: bool = field(default=False, metadata={"help": "leave out the prefix-cache part (prompts in order, one cache)"})
     block: int = field(default=32, metadata={"help": "vLLM's KV block size in tokens, the prefix cache's granularity (the CPU backend takes multiples of 32)"})
+    sae_seeds: tuple[int, ...] = field(default=(), metadata={"help": (
+        "SAE part: train one TopK SAE per harvest mode (alone, batch, chunked prefill, prefix cache) and seed on the "
+        "layer's rows and compare them as the sae-stability study does (at least 2 seeds; empty: no SAE part)")})
+    sae_d_sae: int = field(default=512, metadata={"help": "SAE part: SAE width"})
+    sae_k: int = field(default=16, metadata={"help": "SAE part: active features (TopK)"})
+    sae_n_tokens: int = field(default=256_000, metadata={"help": "SAE part: training rows drawn per SAE (the budget)"})
+    sae_eval_fraction: float = field(default=0.5, metadata={"help": (
+        "SAE part: share of prompts held out; every SAE is evaluated on the alone rows of these")})
+    sae_first_pos: int = field(default=1, metadata={"help": (
+        "SAE part: positions before it are left out of training and evaluation (1: position 0, the attention sink, "
+        "as the project's SmolLM2 SAEs do; 0: keep it)")})
 
     def __post_init__(self) -> None:
         if self.new_tokens < 2:
@@ -63,6 +78,16 @@ class ServingVllmConfig:
             raise TrajscopeError(f"Chunk budgets must be positive numbers of tokens, not {list(self.chunks)}.")
         if self.block < 1:
             raise TrajscopeError(f"--block must be a positive number of tokens, not {self.block}.")
+        if self.sae_seeds and len(set(self.sae_seeds)) < 2:
+            raise TrajscopeError("Give --sae-seeds at least two distinct seeds; the seed-to-seed spread needs them.")
+        if not 1 <= self.sae_k <= self.sae_d_sae:
+            raise TrajscopeError(f"--sae-k must lie between 1 and --sae-d-sae ({self.sae_d_sae}), not {self.sae_k}.")
+        if self.sae_n_tokens < 1:
+            raise TrajscopeError(f"--sae-n-tokens must be a positive number of rows, not {self.sae_n_tokens}.")
+        if self.sae_first_pos < 0:
+            raise TrajscopeError(f"--sae-first-pos must be a position (0 or more), not {self.sae_first_pos}.")
+        if not 0 < self.sae_eval_fraction < 1:
+            raise TrajscopeError(f"--sae-eval-fraction must lie between 0 and 1, not {self.sae_eval_fraction}.")
 
 
 STUDY = register(Study(

@@ -10,6 +10,10 @@ Headline numbers, per part (``batch``, ``chunked-prefill``, ``prefix-cache``):
 
 and, for the prefix-cache part, the share of a prompt's positions vLLM served from its cache
 (never computed), mean over prompts with its prompt-bootstrap interval.
+
+With the SAE part (:mod:`~trajscope.studies.serving_vllm.saes`), per harvest mode the same-seed row
+Jaccard and FVU difference against the ``alone`` SAE (pooled over seeds, prompt-bootstrap interval over eval
+prompts, with the sae-stability verdict against the seed-to-seed spread), and that spread itself.
 """
 
 from __future__ import annotations
@@ -58,11 +62,29 @@ def headline(result: Result) -> dict[str, dict]:
         k = int((~r["tokens_identical"]).sum())
         iv = binomial_interval(k, r.height)
         out[f"{part}: runs whose greedy tokens changed"] = _entry(k / r.height, iv.lo, iv.hi, r.height, k=k)
+    if _has(result, "serving-vllm_sae_summary"):
+        out.update(_sae_headline(result))
     if "serving-vllm_coverage" in result.tables or _has(result, "serving-vllm_coverage"):
         per = result.table("serving-vllm_coverage").group_by("prompt_id").agg(
             (pl.col("status") == "reused").mean().alias("share"))
         iv = cluster_bootstrap(per["share"].to_numpy())
         out["prefix-cache: share of a prompt's positions never computed"] = _entry(iv.estimate, iv.lo, iv.hi, iv.n_clusters)
+    return out
+
+
+def _sae_headline(result: Result) -> dict[str, dict]:
+    """The SAE part's headline entries (module docstring), from ``serving-vllm_sae_summary``."""
+    summ = result.table("serving-vllm_sae_summary")
+    n_eval = int(result.table("serving-vllm_saes")["n_eval_prompts"][0])
+    out = {}
+    for row in summ.filter(pl.col("metric").is_in(["row_jaccard", "fvu_delta"])).iter_rows(named=True):
+        if row["kind"] == "cross_seed":
+            continue
+        what = "row Jaccard" if row["metric"] == "row_jaccard" else "FVU(B) − FVU(A)"
+        name = (f"SAE seed pairs (alone vs alone): {what}" if row["kind"] == "seed"
+                else f"SAE {row['mode']} vs alone, same seed: {what}")
+        out[name] = _entry(row["value"], row["lo"], row["hi"], n_eval,
+                           **({} if row["kind"] == "seed" else {"verdict": row["verdict"]}))
     return out
 
 
@@ -83,7 +105,7 @@ def section(result: Result) -> tuple[str, str, list]:
     cfg = result.config
     setup = heads.get("setup") or {}
     lines = "".join(f"<li>{html_text(k)}: {ci(v.get('value'), v.get('lo'), v.get('hi'), v.get('n'))}"
-                    f"{' (' + html_text(v['condition']) + ')' if v.get('condition') else ''}</li>"
+                    f"{''.join(' (' + html_text(v[w]) + ')' for w in ('condition', 'verdict') if v.get(w))}</li>"
                     for k, v in heads.items() if k != "setup")
     eng = "".join(f"<li>{html_text(name)}: {html_text(', '.join(f'{a}={b}' for a, b in e['settings'].items()))}; "
                   f"start {num(e['start_seconds'])} s, calls {num(e['run_seconds'])} s</li>"
@@ -107,4 +129,28 @@ def section(result: Result) -> tuple[str, str, list]:
         html += ("<p>Prefix-cache coverage from vLLM's own <code>num_cached_tokens</code>: the share of positions "
                  "never computed, by token class, region (shared header / the prompt's own tokens) and position band.</p>"
                  + table(cov))
+    if _has(result, "serving-vllm_sae_summary"):
+        html += _sae_html(result)
     return "Serving on a real engine (vLLM)", html, []
+
+
+def _sae_html(result: Result) -> str:
+    """The SAE part: harvests, pairs against re-seeding, and each SAE's FVU on the held-out alone rows."""
+    harv, summ, saes = (result.table(f"serving-vllm_{t}") for t in ("sae_harvests", "sae_summary", "saes"))
+    s0 = saes.row(0, named=True)
+    return ("<h3>SAEs trained on each harvest mode</h3>"
+            f"<p>One TopK SAE (d_sae {s0['d_sae']}, k {s0['k']}, {s0['n_tokens']:,} training rows drawn) per harvest "
+            f"mode and seed on the layer-{s0['layer']} rows of {s0['n_train_prompts']} train prompts; every SAE is "
+            f"evaluated on the alone rows of {s0['n_eval_prompts']} held-out prompts (A = the alone SAE, B = the "
+            f"other), as the sae-stability study does; positions before {s0['first_pos']} (the attention sink) are "
+            "left out of both. Rows at positions below the shared prefix "
+            f"({s0['shared_prefix']} tokens) are the same in every prompt, so the <i>shared</i> region's interval over "
+            "prompts does not measure sampling error. " + INTERVAL_NOTE + " Decoder cosines: features resampled; "
+            "share matched: binomial.</p>"
+            + table(harv.rename({"rel_l2_lo": "rel_l2_vs_alone_lo", "rel_l2_hi": "rel_l2_vs_alone_hi"}),
+                    ["mode", "n_prompts", "n_rows", "n_missing", "n_train_rows", "rel_l2_vs_alone"],
+                    ci_of=["rel_l2_vs_alone"])
+            + table(summ.rename({"lo": "value_lo", "hi": "value_hi"}),
+                    ["mode", "kind", "metric", "n_pairs", "value", "seed_min", "seed_max", "verdict"], ci_of=["value"])
+            + table(saes.sort("mode", "region", "seed"), ["mode", "seed", "region", "n_rows", "n_prompts", "fvu", "l0",
+                                                           "dead"], ci_of=["fvu"]))

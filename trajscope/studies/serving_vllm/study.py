@@ -132,9 +132,11 @@ def float32_floor(model: Any, sequences: Sequence[Sequence[int]], layer: int,
 def run(model: Any, prompts: Sequence[tuple[str, list[int]]] | None, config: Any,
         progress: Callable[[int, int], None] | None = None, layers: Sequence[int] | None = None) -> Result:
     """Run the study (module docstring); tables ``serving-vllm`` (deltas), ``serving-vllm_summary``,
-    ``serving-vllm_runs``, ``serving-vllm_floor``, ``serving-vllm_coverage`` and ``serving-vllm_coverage_summary``."""
+    ``serving-vllm_runs``, ``serving-vllm_floor``, ``serving-vllm_coverage`` and ``serving-vllm_coverage_summary``;
+    with ``config.sae_seeds`` also the SAE part's (:func:`trajscope.studies.serving_vllm.saes.sae_tables`)."""
     if importlib.util.find_spec("vllm") is None:
         raise TrajscopeError(NO_VLLM)
+    from trajscope.studies.serving_vllm.saes import mode_runs
     from trajscope.studies.serving_vllm.tables import build
 
     if not prompts or len(prompts) < 2:
@@ -146,8 +148,11 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]] | None, config: Any
     if model.remote or not model_dir or not (pathlib.Path(model_dir) / "config.json").is_file():
         raise TrajscopeError("The serving-vllm study serves the model's own directory with vLLM, so it needs a local "
                              "model with a config.json.")
+    if config.sae_seeds and len(prompts) < 4:
+        raise TrajscopeError(f"The SAE part (--sae-seeds) needs at least 4 prompts (train and eval), not {len(prompts)}.")
     plan = plan_calls(prompts, config)
-    total = sum(len(c) for c in plan.values()) + len(prompts)
+    n_saes = len(set(config.sae_seeds)) * len(mode_runs(plan, len(prompts))) if config.sae_seeds else 0
+    total = sum(len(c) for c in plan.values()) + len(prompts) + n_saes
     done = 0
     longest = max(len(ids) for _, ids in prompts)
     with tempfile.TemporaryDirectory(prefix="trajscope-serving-vllm-") as tmp:
@@ -162,6 +167,9 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]] | None, config: Any
         ticks = iter(range(done + 1, total + 1))
         floors = float32_floor(model, seqs, layer, None if progress is None else lambda: progress(next(ticks), total))
         tables = build(model, prompts, plan, engines, floors, layer, out)
+        if config.sae_seeds:
+            tables.update(_sae_part(prompts, plan, config, layer, out,
+                                    None if progress is None else (lambda n, b=len(prompts) + done: progress(b + n, total))))
     result = Result(study="serving-vllm", tables=tables, config={**_asdict(config), "layer": layer})
     from trajscope.studies.serving_vllm.report import headline
 
@@ -171,6 +179,20 @@ def run(model: Any, prompts: Sequence[tuple[str, list[int]]] | None, config: Any
                                              for k, v in engines.items()},
                                  "model": model.model_id, "layer": layer, "n_prompts": len(prompts)}
     return result
+
+
+def _sae_part(prompts: Sequence[tuple[str, list[int]]], plan: dict, config: Any, layer: int, out: pathlib.Path,
+              progress: Callable[[int, int], None] | None) -> dict:
+    """The SAE part's tables (:mod:`trajscope.studies.serving_vllm.saes`) from the runs the engines wrote."""
+    from trajscope.studies.prompts import shared_prefix_len
+    from trajscope.studies.sae_stability import StabilityConfig
+    from trajscope.studies.serving_vllm.saes import load_harvests, mode_runs, sae_tables
+
+    harvests = load_harvests(out, mode_runs(plan, len(prompts)), prompts, layer)
+    cfg = StabilityConfig(layer=layer, seeds=tuple(dict.fromkeys(config.sae_seeds)), d_sae=config.sae_d_sae,
+                          k=config.sae_k, n_tokens=config.sae_n_tokens)
+    return sae_tables(harvests, shared_prefix_len([ids for _, ids in prompts]), cfg,
+                      eval_fraction=config.sae_eval_fraction, first_pos=config.sae_first_pos, progress=progress)
 
 
 def _asdict(config: Any) -> dict:
