@@ -34,14 +34,15 @@ def effect_rows(summaries: dict[str, Any]) -> pl.DataFrame:
     """The headline numbers as one row per start depth × strength: effect [95 % CI], half-life [95 % CI] (a Result
     written before the half-life had an interval shows the median alone)."""
     half = {(h["start_step"], h["strength"]): h for h in summaries.get("half_life") or []}
+    with_iv = any("lo" in h for h in half.values())
+    label = "half-life (steps, median [95% CI])" if with_iv else "half-life (steps, median)"
     rows = []
     for e in summaries.get("effect") or []:
         h = half.get((e["start_step"], e["strength"]), {})
         rows.append({"start step": e["start_step"], "strength": e["strength"],
                      f"effect: mean KL over {e.get('steps_counted')} steps [95% CI]":
                          format_interval(e.get("value"), e.get("lo"), e.get("hi"), 4, n_clusters=e.get("n_prompts")),
-                     "half-life (steps, median [95% CI])": half_life_text(h.get("value"), h.get("lo"), h.get("hi"),
-                                                                          interval="lo" in h),
+                     label: half_life_text(h.get("value"), h.get("lo"), h.get("hi"), interval=with_iv),
                      "halved within the window": num(h.get("halved_frac")),
                      "prompts": e.get("n_prompts")})
     return pl.DataFrame(rows)

@@ -9,8 +9,9 @@ until the KL first falls below half its onset value, **looked for inside the sam
 every depth (a deep start has fewer steps left in the run; searching the whole rest of the run
 would give shallow depths more room to halve). Each mean has a prompt-clustered 95 % bootstrap
 interval (:func:`trajscope.stats.cluster_bootstrap`); the median half-life a prompt-clustered
-percentile interval of its own (:func:`_half_life_interval`: runs that never halve count as infinite). Effects per step are
-:func:`trajscope.metrics.steering.step_effects` (DESIGN.md, "Steering effect at step s").
+percentile interval of its own (:func:`_half_life_interval`: runs that never halve count as
+infinite). Effects per step are :func:`trajscope.metrics.steering.step_effects` (DESIGN.md,
+"Steering effect at step s").
 
 The study's ``run`` and the app card's sweep call :func:`decay_summary` once; the Result holds
 the table (``steering_summary``) and :func:`headline` of it; the report section, the card and the
@@ -146,8 +147,8 @@ def headline(summary: pl.DataFrame) -> dict[str, Any]:
 
     Returns:
         ``{"effect": [{"start_step", "strength", "value", "lo", "hi", "n_prompts", "steps_counted"}, …],
-        "half_life": [{"start_step", "strength", "value", "lo", "hi", "halved_frac"}, …]}``, one entry per depth × strength
-        (a half-life ``value``, ``lo`` or ``hi`` of None: not within the window)
+        "half_life": [{"start_step", "strength", "value", "lo", "hi", "halved_frac"}, …]}``, one entry per
+        depth × strength (a half-life ``value``, ``lo`` or ``hi`` of None: not within the window)
         with a full window.
     """
     full = summary.filter(pl.col("n_runs") > 0) if "n_runs" in summary.columns else summary

@@ -36,11 +36,11 @@ def arm_rows(df: pl.DataFrame) -> pl.DataFrame:
                     "NLL steered − unsteered (nats/token)": _cell(r, "nll_diff"),
                     "perplexity ratio": _cell(r, "ppl_ratio", 2)})
         if "onset_kl" in r:
+            half_label = "half-life (median [95% CI])" if "half_life_lo" in r else "half-life (median)"
             row.update({"onset KL": _cell(r, "onset_kl", 4), "effect (mean KL)": _cell(r, "effect", 4),
                         "same steps, on since step 1": _cell(r, "from_step1_kl", 4),
-                        "half-life (median [95% CI])": half_life_text(
-                            r.get("half_life_median"), r.get("half_life_lo"), r.get("half_life_hi"),
-                            interval="half_life_lo" in r)})
+                        half_label: half_life_text(r.get("half_life_median"), r.get("half_life_lo"),
+                                                   r.get("half_life_hi"), interval="half_life_lo" in r)})
         if "loops" in r:
             row["repetition loops"] = num(r["loops"])
         rows.append({k: str(v) for k, v in row.items()})
