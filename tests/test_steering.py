@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import polars as pl
 import pytest
@@ -140,6 +142,45 @@ def test_half_life_is_taken_over_the_same_window_for_every_depth():
         assert by[1]["halved_frac"] == by[5]["halved_frac"] == 0.0
     wide = {r["start_step"]: r for r in decay_summary(pl.DataFrame(rows), window=6).iter_rows(named=True)}
     assert wide[1]["half_life_median"] == 5 and wide[5]["n_runs"] == 0 and wide[5]["n_short"] == 3
+
+
+def _halving_runs(halves: list[int | None], window: int = 8) -> pl.DataFrame:
+    """One run per prompt from step 1: KL 1.0 at onset, then 0.4 from ``h`` steps after it (None: never)."""
+    rows = []
+    for pi, h in enumerate(halves):
+        for s in range(1, window + 1):
+            kl = 0.4 if h is not None and s - 1 >= h else 1.0
+            rows.append({"run_id": f"r{pi}", "prompt_idx": pi, "start_step": 1, "strength": 1.0, "step": s,
+                         "kl_to_base": kl, "token_changed": False})
+    return pl.DataFrame(rows)
+
+
+def test_half_life_interval_known_cases():
+    """The median half-life's prompt-clustered interval: equal half-lives give a zero-width interval; ends are
+    medians a resample of the prompts can give (no interpolation); runs that never halve count as infinite,
+    so with half of them never halving the upper end is open (None) and with all of them the median is None."""
+    from trajscope.studies.steering.summary import headline
+
+    def summary(halves, **kw):
+        return decay_summary(_halving_runs(halves), window=8, **kw)
+
+    row = summary([3] * 6).row(0, named=True)
+    assert (row["half_life_median"], row["half_life_lo"], row["half_life_hi"]) == (3, 3, 3)
+    halves = [1, 2, 2, 3, 4, 5, 6, 2]
+    table = summary(halves, n_boot=400)
+    row = table.row(0, named=True)
+    assert row["half_life_median"] == 2.5 == float(np.median(halves))
+    assert 1 < row["half_life_lo"] <= 2.5 <= row["half_life_hi"] < 6  # a median of 8 prompts rarely hits an extreme
+    possible = {float(np.median(np.array(c))) for c in itertools.combinations_with_replacement(halves, len(halves))}
+    assert {row["half_life_lo"], row["half_life_hi"]} <= possible
+    shuffled = decay_summary(_halving_runs(halves).sample(fraction=1.0, shuffle=True, seed=3), window=8, n_boot=400)
+    assert shuffled.row(0, named=True)["half_life_hi"] == row["half_life_hi"]  # row order does not matter
+    half = headline(table)["half_life"][0]
+    assert (half["value"], half["lo"], half["hi"]) == (2.5, row["half_life_lo"], row["half_life_hi"])
+    row = summary([2, 3, None, None, 2, None, 3, None]).row(0, named=True)
+    assert row["half_life_median"] is None and row["half_life_hi"] is None and row["half_life_lo"] >= 2
+    row = summary([None] * 4).row(0, named=True)
+    assert (row["half_life_median"], row["half_life_lo"], row["half_life_hi"]) == (None, None, None)
 
 
 def test_equal_windows_count_the_same_steps_for_every_depth_and_compare_with_step_one():

@@ -108,3 +108,46 @@ def test_eviction_command(tmp_path, capsys):
                  "--max-new-tokens", "3", "--window", "4", "--out", str(tmp_path / "ev2")]) == 0  # the same study
     assert (tmp_path / "ev2" / "eviction.result.json").is_file()
     assert main(["eviction", "--prompts", str(prompts), "--budgets", "0", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_pyramid_schedule_reaches_the_selection_in_every_eviction_study(tmp_path, capsys, monkeypatch, tiny_dirs):
+    """``--pyramid-schedule paper`` (default ``code``, KVCache-Factory's schedule) is what PyramidKV's selection is
+    given in the eviction, needle and eviction-ppl studies, and is recorded in the marker; a bad value is one
+    sentence before any model work."""
+    import json
+
+    from trajscope.cli import main
+    from trajscope.metrics import eviction as ev_mod
+
+    seen: list[str] = []
+    real = ev_mod.select
+
+    def spy(policy, *args, **kwargs):
+        if policy == "pyramidkv":
+            seen.append(kwargs.get("schedule", "code"))
+        return real(policy, *args, **kwargs)
+
+    monkeypatch.setattr(ev_mod, "select", spy)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p, "id": f"p{i}"}) for i, p in enumerate(PROMPTS)))
+    llama = str(tiny_dirs["llama"])
+    runs = {
+        "eviction": ["--model", llama, "--prompts", str(prompts), "--policies", "pyramidkv", "--budgets", "0.5",
+                     "--max-new-tokens", "3", "--window", "4"],
+        "needle": ["--model", llama, "--context", "96", "--n-prompts", "1", "--policies", "pyramidkv",
+                   "--budgets", "0.5", "--window", "8", "--answer-tokens", "2"],
+        "eviction-ppl": ["--model", llama, "--n-files", "2", "--prompt-len", "48", "--continuation", "4",
+                         "--policies", "pyramidkv", "--budgets", "0.5", "--window", "8"],
+    }
+    for name, args in runs.items():
+        for schedule in ("code", "paper"):
+            seen.clear()
+            out = tmp_path / f"{name}-{schedule}"
+            flag = [] if schedule == "code" else ["--pyramid-schedule", "paper"]
+            assert main(["study", name, *args, *flag, "--out", str(out)]) == 0, name
+            assert seen and set(seen) == {schedule}, (name, schedule, seen)
+            marker = json.loads(next(out.glob("*.result.json")).read_text())
+            assert marker["config"]["pyramid_schedule"] == schedule
+    capsys.readouterr()
+    assert main(["study", "needle", "--pyramid-schedule", "linear", "--out", str(tmp_path / "bad")]) == 2
+    assert "Unknown PyramidKV schedule 'linear'" in capsys.readouterr().err

@@ -59,7 +59,7 @@ def print_summary(result) -> None:
     from trajscope.interval_text import interval_columns
 
     cols = ["strength", "start_step", "n_prompts", "n_short", "onset_kl", "effect", "from_step1_kl", "changed_frac",
-            "half_life_median", "halved_frac"]
+            "half_life_median", "half_life_lo", "half_life_hi", "halved_frac"]
     summ = interval_columns(result.table("steering_summary").sort("strength", "start_step"),
                             ["onset_kl", "effect", "from_step1_kl", "changed_frac"], "n_prompts")
     with pl.Config(tbl_rows=50, tbl_cols=12, fmt_str_lengths=30, tbl_width_chars=220, tbl_hide_dataframe_shape=True,

@@ -22,7 +22,7 @@ def _help(text: str, **more: Any) -> dict[str, Any]:
 
 
 def _check_common(policies: tuple[str, ...], allowed: tuple[str, ...], budgets: tuple[float, ...], window: int,
-                  lookahead: int) -> None:
+                  lookahead: int, pyramid_schedule: str = "code") -> None:
     bad = [p for p in policies if p not in allowed]
     if bad or not policies:
         raise TrajscopeError(f"Unknown eviction policy '{bad[0] if bad else ''}': choose among {', '.join(allowed)}.")
@@ -32,6 +32,8 @@ def _check_common(policies: tuple[str, ...], allowed: tuple[str, ...], budgets: 
         ev.resolve_budget(int(b) if float(b) > 1 and float(b).is_integer() else float(b), 1)
     if window < 1 or lookahead < 1:
         raise TrajscopeError(f"--window and --lookahead must be at least 1 (got {window} and {lookahead}).")
+    if pyramid_schedule not in ("code", "paper"):
+        raise TrajscopeError(f"Unknown PyramidKV schedule '{pyramid_schedule}': choose 'code' or 'paper'.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +53,11 @@ class EvictionConfig:
     no_rerun: bool = field(default=False, metadata=_help("skip the masked re-runs (KL, token agreement)"))
     split: bool = field(default=False, metadata=_help(
         "also split the damage into per-step and accumulated arms (eviction_split tables)"))
+    pyramid_schedule: str = field(default="code", metadata=_help(
+        "PyramidKV's per-layer budgets: 'code' (KVCache-Factory's integer schedule) or 'paper' (the paper's formula)"))
 
     def __post_init__(self) -> None:
-        _check_common(self.policies, ev.POLICIES, self.budgets, self.window, self.lookahead)
+        _check_common(self.policies, ev.POLICIES, self.budgets, self.window, self.lookahead, self.pyramid_schedule)
         if self.max_new_tokens < 2 or self.k < 1:
             raise TrajscopeError(f"--max-new-tokens must be at least 2 and --k at least 1 "
                                  f"(got {self.max_new_tokens} and {self.k}).")
@@ -83,9 +87,11 @@ class NeedleConfig:
         "depths of the passkey in the filler (fractions), cycled over the prompts"))
     answer_tokens: int = field(default=12, metadata=_help("greedy answer length"))
     seed: int = field(default=0, metadata=_help("passkeys and filler windows"))
+    pyramid_schedule: str = field(default="code", metadata=_help(
+        "PyramidKV's per-layer budgets: 'code' (KVCache-Factory's integer schedule) or 'paper' (the paper's formula)"))
 
     def __post_init__(self) -> None:
-        _check_common(self.policies, NEEDLE_POLICIES, self.budgets, self.window, self.lookahead)
+        _check_common(self.policies, NEEDLE_POLICIES, self.budgets, self.window, self.lookahead, self.pyramid_schedule)
         if not self.depths or any(not 0 <= d <= 1 for d in self.depths):
             raise TrajscopeError(f"--depths must be fractions in [0, 1]; got {','.join(map(str, self.depths))}.")
         if self.answer_tokens < 1:
@@ -114,9 +120,11 @@ class PerplexityConfig:
     prompt_len: int = field(default=1024, metadata=_help("tokens of each text that form the compressed prompt"))
     continuation: int = field(default=128, metadata=_help("tokens after the prompt, teacher-forced and scored"))
     n_files: int = field(default=16, metadata=_help("held-out files, one text each (the unit of the intervals)"))
+    pyramid_schedule: str = field(default="code", metadata=_help(
+        "PyramidKV's per-layer budgets: 'code' (KVCache-Factory's integer schedule) or 'paper' (the paper's formula)"))
 
     def __post_init__(self) -> None:
-        _check_common(self.policies, STATIC, self.budgets, self.window, self.lookahead)
+        _check_common(self.policies, STATIC, self.budgets, self.window, self.lookahead, self.pyramid_schedule)
         if self.n_files < 2 or self.continuation < 1 or self.prompt_len <= self.window:
             raise TrajscopeError(f"--n-files must be at least 2, --continuation at least 1 and --prompt-len longer "
                                  f"than --window (got {self.n_files}, {self.continuation}, {self.prompt_len}).")

@@ -95,7 +95,7 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
              budgets: Sequence[float | int] = (0.1, 0.2, 0.5), *, max_new_tokens: int = 32, window: int = 16,
              lookahead: int = 8, k: int = 8, per_head: bool = True, rerun: bool = True,
              progress: Callable[[int, int], None] | None = None, split: bool = False,
-             config: dict | None = None) -> Result:
+             pyramid_schedule: str = "code", config: dict | None = None) -> Result:
     """Run the eviction study over ``prompts``.
 
     Args:
@@ -109,6 +109,7 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
         k: top-k attended prompt positions for recall.
         per_head: one kept set per head (True) or per layer.
         rerun: also run the masked re-runs (KL and token agreement).
+        pyramid_schedule: PyramidKV's per-layer budgets, ``"code"`` (its reference code's) or ``"paper"``.
         split: also split the damage into per-step and accumulated arms (:mod:`trajscope.studies.eviction.split`;
             the ``eviction_split`` tables).
         progress: ``(done, total)`` after each prompt.
@@ -150,7 +151,8 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
                 if policy == "lookahead":
                     q = eq.laq_rows(model, traj.token_ids[:P], shared, prefill, budget, window=window, m=lookahead,
                                     per_head=per_head)[1]
-                sel = ev.select(policy, prefill, budget, window=window, query_rows=q, per_head=per_head)
+                sel = ev.select(policy, prefill, budget, window=window, query_rows=q, per_head=per_head,
+                                schedule=pyramid_schedule)
                 tag = [pl.lit(run_id).alias("run_id"), pl.lit(policy).alias("policy"),
                        pl.lit(float(budget)).alias("budget")]
                 kept.append(sel.to_frame(run_id))
@@ -175,7 +177,8 @@ def eviction(model: Any, prompts: Sequence[str | dict], policies: Sequence[str] 
     tables["eviction_summary"] = summary
     settings = config if config is not None else {
         "policies": list(policies), "budgets": [float(b) for b in budgets], "max_new_tokens": max_new_tokens,
-        "window": window, "lookahead": lookahead, "k": k, "shared": not per_head, "no_rerun": not rerun, "split": split}
+        "window": window, "lookahead": lookahead, "k": k, "shared": not per_head, "no_rerun": not rerun, "split": split,
+        "pyramid_schedule": pyramid_schedule}
     settings = {**settings, "n_prompts": len(items), "model": model.describe()}
     return Result(study="eviction", tables=tables, config=settings, summaries=sm.headlines(summary))
 
@@ -195,7 +198,8 @@ def run(model: Any, prompts: Sequence[tuple[str, Sequence[int]]], config: Any, p
     return eviction(model, [{"prompt": list(ids), "id": pid} for pid, ids in prompts], config.policies,
                     config.budget_values(), max_new_tokens=config.max_new_tokens, window=config.window,
                     lookahead=config.lookahead, k=config.k, per_head=not config.shared, rerun=not config.no_rerun,
-                    split=config.split, progress=progress, config=dataclasses.asdict(config))
+                    split=config.split, pyramid_schedule=config.pyramid_schedule, progress=progress,
+                    config=dataclasses.asdict(config))
 
 
 def first_divergence(rerun: pl.DataFrame) -> pl.DataFrame:

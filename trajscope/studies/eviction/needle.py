@@ -121,8 +121,10 @@ def answer_matches(answer: str, key: str) -> bool:
 
 def needle_study(model: Any, prompts: Sequence[dict], policies: Sequence[str] = POLICIES,
                  budgets: Sequence[float | int] = (0.05, 0.1, 0.2, 1.0), *, window: int = 32, lookahead: int = 8,
-                 answer_tokens: int = 12, progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
-    """Greedy answers of every policy × budget on every prompt, plus the full cache's.
+                 answer_tokens: int = 12, progress: Callable[[int, int], None] | None = None,
+                 pyramid_schedule: str = "code") -> pl.DataFrame:
+    """Greedy answers of every policy × budget on every prompt, plus the full cache's. ``pyramid_schedule``:
+    PyramidKV's per-layer budgets, ``"code"`` (its reference code's, the default) or ``"paper"``.
 
     Returns:
         One row per prompt × (policy, budget) and one per prompt for ``policy="full"`` (budget 1.0): ``run_id,
@@ -175,7 +177,7 @@ def needle_study(model: Any, prompts: Sequence[dict], policies: Sequence[str] = 
                 q = pseudo
                 if policy == "lookahead":
                     q = eq.laq_rows(model, ids, pre, prefill, budget, window=window, m=lookahead)[1]
-                sel = ev.select(policy, prefill, budget, window=window, query_rows=q)
+                sel = ev.select(policy, prefill, budget, window=window, query_rows=q, schedule=pyramid_schedule)
                 keep_all = bool(sel.mask.all())
                 record(policy, budget, sel.budget_tokens, None if keep_all else ev.key_mask(sel, P + answer_tokens),
                        sel.mask)
@@ -201,9 +203,11 @@ def accuracy_table(answers: pl.DataFrame, level: float = 0.95, by: Sequence[str]
 
 def heldout_perplexity(model: Any, texts: Sequence[Sequence[int]], prompt_len: int, policies: Sequence[str] = STATIC,
                        budgets: Sequence[float | int] = (0.1, 0.2, 0.5, 1.0), *, window: int = 32,
-                       lookahead: int = 8, progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
+                       lookahead: int = 8, progress: Callable[[int, int], None] | None = None,
+                       pyramid_schedule: str = "code") -> pl.DataFrame:
     """Perplexity of held-out text under eviction: the first ``prompt_len`` tokens are the prompt a policy
     compresses, the rest is teacher-forced with the evicted prompt keys hidden from every later query.
+    ``pyramid_schedule`` as in :func:`needle_study`.
 
     Returns:
         One row per text × (policy, budget), plus ``policy="full"``: ``run_id, policy, budget, budget_tokens``
@@ -246,7 +250,7 @@ def heldout_perplexity(model: Any, texts: Sequence[Sequence[int]], prompt_len: i
                 q = pseudo
                 if policy == "lookahead":
                     q = eq.laq_rows(model, ids[:P], pre, prefill, budget, window=window, m=lookahead)[1]
-                sel = ev.select(policy, prefill, budget, window=window, query_rows=q)
+                sel = ev.select(policy, prefill, budget, window=window, query_rows=q, schedule=pyramid_schedule)
                 mask = None if bool(sel.mask.all()) else ev.key_mask(sel, len(ids))
                 rows.append({"run_id": str(i), "policy": policy, "budget": float(budget),
                              "budget_tokens": float(sel.budget_tokens), "nll": nll(mask), "n_tokens": len(target)})
@@ -274,7 +278,8 @@ def run(model: Any, prompts: Any, config: Any, progress: Callable[[int, int], No
     built = needle_prompts(model, config.n_prompts, config.context, config.depths, seed=config.seed)
     t0 = time.perf_counter()
     answers = needle_study(model, built, config.policies, config.budget_values(), window=config.window,
-                           lookahead=config.lookahead, answer_tokens=config.answer_tokens, progress=progress)
+                           lookahead=config.lookahead, answer_tokens=config.answer_tokens, progress=progress,
+                           pyramid_schedule=config.pyramid_schedule)
     table = accuracy_table(answers)
     summaries = {f"{r['policy']}@{r['budget']:g}": {"value": r["accuracy"], "lo": r["lo"], "hi": r["hi"], "n": r["n"]}
                  for r in table.iter_rows(named=True)}

@@ -109,7 +109,7 @@ def run(model: Any, prompts: Any, config: Any, progress: Callable[[int, int], No
     texts = heldout_texts(model, config.n_files, config.prompt_len + config.continuation)
     rows = heldout_perplexity(model, [t["ids"] for t in texts], config.prompt_len, config.policies,
                               config.budget_values(), window=config.window, lookahead=config.lookahead,
-                              progress=progress)
+                              progress=progress, pyramid_schedule=config.pyramid_schedule)
     meta = pl.DataFrame({"run_id": [str(i) for i in range(len(texts))], "file": [t["file"] for t in texts],
                          "sha1_rank": [t["sha1_rank"] for t in texts]})
     rows = rows.join(meta, on="run_id", how="left")

@@ -18,16 +18,31 @@ from trajscope.studies.registry import Result, Section
 from trajscope.studies.serving.sections import num
 
 
+def half_life_text(value: Any, lo: Any = None, hi: Any = None, *, interval: bool = True) -> str:
+    """``3 [2, 5]`` steps; an end of None (the resampled median never halves in the window) reads ``∞``."""
+    if value is None:
+        text = "never within the window"
+    else:
+        text = f"{value:g}"
+    if not interval:
+        return text
+    end = (lambda v: "∞" if v is None else f"{v:g}")
+    return f"{text} [{end(lo)}, {end(hi)}]"
+
+
 def effect_rows(summaries: dict[str, Any]) -> pl.DataFrame:
-    """The headline numbers as one row per start depth × strength: effect [95 % CI], half-life (display only)."""
+    """The headline numbers as one row per start depth × strength: effect [95 % CI], half-life [95 % CI] (a Result
+    written before the half-life had an interval shows the median alone)."""
     half = {(h["start_step"], h["strength"]): h for h in summaries.get("half_life") or []}
+    with_iv = any("lo" in h for h in half.values())
+    label = "half-life (steps, median [95% CI])" if with_iv else "half-life (steps, median)"
     rows = []
     for e in summaries.get("effect") or []:
         h = half.get((e["start_step"], e["strength"]), {})
         rows.append({"start step": e["start_step"], "strength": e["strength"],
                      f"effect: mean KL over {e.get('steps_counted')} steps [95% CI]":
                          format_interval(e.get("value"), e.get("lo"), e.get("hi"), 4, n_clusters=e.get("n_prompts")),
-                     "half-life (steps, median)": "never within the window" if h.get("value") is None else f"{h['value']:g}",
+                     label: half_life_text(h.get("value"), h.get("lo"), h.get("hi"), interval=with_iv),
                      "halved within the window": num(h.get("halved_frac")),
                      "prompts": e.get("n_prompts")})
     return pl.DataFrame(rows)

@@ -8,8 +8,10 @@ switched on at step 1, the share of changed tokens and the half-life — the ste
 until the KL first falls below half its onset value, **looked for inside the same window** for
 every depth (a deep start has fewer steps left in the run; searching the whole rest of the run
 would give shallow depths more room to halve). Each mean has a prompt-clustered 95 % bootstrap
-interval (:func:`trajscope.stats.cluster_bootstrap`). Effects per step are
-:func:`trajscope.metrics.steering.step_effects` (DESIGN.md, "Steering effect at step s").
+interval (:func:`trajscope.stats.cluster_bootstrap`); the median half-life a prompt-clustered
+percentile interval of its own (:func:`_half_life_interval`: runs that never halve count as
+infinite). Effects per step are :func:`trajscope.metrics.steering.step_effects` (DESIGN.md,
+"Steering effect at step s").
 
 The study's ``run`` and the app card's sweep call :func:`decay_summary` once; the Result holds
 the table (``steering_summary``) and :func:`headline` of it; the report section, the card and the
@@ -34,6 +36,30 @@ def _half_life_median(values: list[Any]) -> float | None:
     return None if math.isinf(m) else m
 
 
+def _half_life_interval(values: list[Any], clusters: list[Any], level: float, n_boot: int,
+                        seed: int = 0) -> tuple[float | None, float | None]:
+    """Percentile interval of :func:`_half_life_median` from resampling prompts with replacement.
+
+    A run that never halves inside the window counts as infinite, as in the median; the quantiles are taken
+    without interpolation (``inverted_cdf``), so each end is a median some resample gave, and an end that is
+    infinite (at least half a resample's runs never halve) is None. ``(None, None)`` below two prompts.
+    """
+    v = np.array([math.inf if x is None else float(x) for x in values])
+    labels, codes = np.unique(np.asarray([str(c) for c in clusters]), return_inverse=True)
+    n_cl = labels.size
+    if n_cl < 2:
+        return None, None
+    members = [np.flatnonzero(codes == c) for c in range(n_cl)]
+    rng = np.random.default_rng(seed)
+    boot = np.empty(n_boot)
+    for b in range(n_boot):
+        rows = np.concatenate([members[c] for c in rng.integers(0, n_cl, n_cl)])
+        boot[b] = np.median(v[rows])
+    a = (1 - level) / 2
+    lo, hi = (float(q) for q in np.quantile(boot, [a, 1 - a], method="inverted_cdf"))
+    return (None if math.isinf(lo) else lo), (None if math.isinf(hi) else hi)
+
+
 def decay_summary(steps: pl.DataFrame, window: int = 10, level: float = 0.95, n_boot: int = 500) -> pl.DataFrame:
     """Onset and accumulated effect per start depth, over **equal windows**, with intervals across prompts.
 
@@ -55,8 +81,9 @@ def decay_summary(steps: pl.DataFrame, window: int = 10, level: float = 0.95, n_
         One row per (start_step, strength): n_runs, n_prompts, n_short, steps_counted, and for ``effect``,
         ``onset_kl``, ``from_step1_kl`` and ``changed_frac`` the mean with ``_lo`` / ``_hi``;
         ``effect_mean`` / ``effect_std`` / ``onset_kl_mean`` (the app's names), ``end_kl_mean``,
-        ``half_life_median`` (None when at least half the runs never halve inside the window) and
-        ``halved_frac`` (share of runs that halve inside it).
+        ``half_life_median`` (None when at least half the runs never halve inside the window) with
+        ``half_life_lo`` / ``half_life_hi`` (its prompt-clustered percentile interval; an end is None where
+        the resampled median never halves) and ``halved_frac`` (share of runs that halve inside it).
     """
     from trajscope.stats import cluster_bootstrap
 
@@ -96,8 +123,10 @@ def decay_summary(steps: pl.DataFrame, window: int = 10, level: float = 0.95, n_
             iv = cluster_bootstrap(vals[ok], labels, level=level, n_boot=n_boot)
             row.update({m: iv.estimate, f"{m}_lo": iv.lo, f"{m}_hi": iv.hi})
         halves = part["half_life"].to_list()
+        h_lo, h_hi = _half_life_interval(halves, part[cluster].to_list(), level, n_boot)
         row.update(effect_mean=row["effect"], effect_std=part["effect"].std(), onset_kl_mean=row["onset_kl"],
                    end_kl_mean=part["end_kl"].mean(), half_life_median=_half_life_median(halves),
+                   half_life_lo=h_lo, half_life_hi=h_hi,
                    halved_frac=sum(h is not None for h in halves) / len(halves))
         rows.append(row)
     for (k, strength), part in short.group_by("start_step", "strength", maintain_order=True):
@@ -118,7 +147,8 @@ def headline(summary: pl.DataFrame) -> dict[str, Any]:
 
     Returns:
         ``{"effect": [{"start_step", "strength", "value", "lo", "hi", "n_prompts", "steps_counted"}, …],
-        "half_life": [{"start_step", "strength", "value", "halved_frac"}, …]}``, one entry per depth × strength
+        "half_life": [{"start_step", "strength", "value", "lo", "hi", "halved_frac"}, …]}``, one entry per
+        depth × strength (a half-life ``value``, ``lo`` or ``hi`` of None: not within the window)
         with a full window.
     """
     full = summary.filter(pl.col("n_runs") > 0) if "n_runs" in summary.columns else summary
@@ -128,5 +158,6 @@ def headline(summary: pl.DataFrame) -> dict[str, Any]:
         effect.append({**where, "value": _num(r.get("effect")), "lo": _num(r.get("effect_lo")),
                        "hi": _num(r.get("effect_hi")), "n_prompts": int(r.get("n_prompts") or 0),
                        "steps_counted": int(r.get("steps_counted") or 0)})
-        half.append({**where, "value": _num(r.get("half_life_median")), "halved_frac": _num(r.get("halved_frac"))})
+        half.append({**where, "value": _num(r.get("half_life_median")), "lo": _num(r.get("half_life_lo")),
+                     "hi": _num(r.get("half_life_hi")), "halved_frac": _num(r.get("halved_frac"))})
     return {"effect": effect, "half_life": half}

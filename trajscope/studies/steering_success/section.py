@@ -15,6 +15,7 @@ from trajscope.escaping import html_text
 from trajscope.interval_text import format_interval
 from trajscope.studies.registry import Result, Section
 from trajscope.studies.serving.sections import num
+from trajscope.studies.steering.section import half_life_text
 
 
 def _iv(d: dict[str, Any], digits: int = 3) -> str:
@@ -35,9 +36,11 @@ def arm_rows(df: pl.DataFrame) -> pl.DataFrame:
                     "NLL steered − unsteered (nats/token)": _cell(r, "nll_diff"),
                     "perplexity ratio": _cell(r, "ppl_ratio", 2)})
         if "onset_kl" in r:
+            half_label = "half-life (median [95% CI])" if "half_life_lo" in r else "half-life (median)"
             row.update({"onset KL": _cell(r, "onset_kl", 4), "effect (mean KL)": _cell(r, "effect", 4),
                         "same steps, on since step 1": _cell(r, "from_step1_kl", 4),
-                        "half-life (median)": num(r.get("half_life_median"))})
+                        half_label: half_life_text(r.get("half_life_median"), r.get("half_life_lo"),
+                                                   r.get("half_life_hi"), interval="half_life_lo" in r)})
         if "loops" in r:
             row["repetition loops"] = num(r["loops"])
         rows.append({k: str(v) for k, v in row.items()})

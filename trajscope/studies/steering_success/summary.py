@@ -117,8 +117,8 @@ def depth_summary(rows: pl.DataFrame, steps: pl.DataFrame, window: int, n_boot: 
     beh = pl.DataFrame(out, infer_schema_length=None)
     decay = decay_summary(steps, window=window, n_boot=n_boot).drop("strength", strict=False)
     keep = [c for c in decay.columns if c.split("_lo")[0].split("_hi")[0] in
-            ("start_step", "onset_kl", "effect", "from_step1_kl", "changed_frac", "half_life_median", "halved_frac",
-             "n_short")]
+            ("start_step", "onset_kl", "effect", "from_step1_kl", "changed_frac", "half_life_median", "half_life",
+             "halved_frac", "n_short")]
     return beh.join(decay.select(keep), on="start_step", how="left").sort("start_step")
 
 
