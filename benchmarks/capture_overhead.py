@@ -56,6 +56,10 @@ and the peak measures what the run keeps alive (repeatable to a few MiB). Writes
 Run by hand: ``python benchmarks/capture_overhead.py [--reps 3] [--short-reps 15] [--quick] [--device cuda]
 [--only short|long]``.
 
+``--clock cpu`` times each run by the process's CPU time (``time.process_time``) instead of the wall
+clock: on a machine shared with other jobs, time spent waiting for the core is left out (contention for
+caches and memory is not). With ``--threads 1`` that is the run's own computation.
+
 ``--smollm2`` runs issue 32's cases on SmolLM2-135M-Instruct (``trajscope.load_model("smollm2")``; the
 baseline loads the same dequantised weights with ``transformers``): a chat prompt (one user turn, 47
 tokens) with 64 new tokens, and P = 1,024 and 4,096 with 16 new tokens, each with ``generate``,

@@ -29,7 +29,10 @@ Within :func:`collect_rows` (a local generation trace), every call also leaves
 its rows in a :class:`RowSink`, in call order (layer 0 … L − 1 at each step), so
 the trace takes a layer's rows from there once it has read the layer's block
 output, instead of reading the attention module's output too: one nnsight read
-per layer instead of two (``docs/capture_overhead.md``). There, a decode call
+per layer instead of two (``docs/capture_overhead.md``). At decode steps the
+sink also holds each block's output, left by a forward hook
+(:meth:`RowSink.watch_output`), so the trace reads no unsteered block through
+nnsight there at all: 2 reads per step instead of L + 2. There, a decode call
 whose query sees every cached key (no mask, no sliding window) goes further: it
 computes its output with SDPA alone and leaves only its query; the rows of a
 chunk of decode steps are computed later, per layer, in one product with the

@@ -14,6 +14,12 @@ attention rows at once (capture's prefill memory is one layer's, not L). A local
 ``step_fn`` may instead keep a few steps' reads and reduce them together
 (:mod:`trajscope.capture.chunks`); the caller then reduces what is left after the trace.
 
+Locally on the rows attention (``row_sink``), the rows come from the attention
+function's sink instead, and at a decode step so do the outputs of the blocks the
+trace does not steer (a forward hook leaves them there): such a step reads only
+the streamer, the logits and the steered blocks through nnsight, since each read
+is a greenlet round trip (``docs/capture_overhead.md``).
+
 nnsight facts this relies on (NNSIGHT_NOTES.md): modules must be read in
 execution order; ``tracer.result`` must be read in its own invoke so EOS before
 N steps still returns the ids; only ``.save()`` d values leave the block.
@@ -54,7 +60,9 @@ def run_generation(model: Any, ids: Sequence[int], gen_kwargs: dict, step_fn: Ca
             (:func:`trajscope.capture.kernels.prefill_layer`). None: the raw reads are handed on.
         row_sink: a local run on the rows attention: the :class:`~trajscope.model.attention.RowSink` that
             :func:`~trajscope.model.attention.collect_rows` fills; each layer's rows are taken from it (and it is
-            emptied after each step) instead of being read from the attention module. A decode step's entry
+            emptied after each step) instead of being read from the attention module, and at a decode step the
+            unsteered blocks' outputs too (:meth:`~trajscope.model.attention.RowSink.watch_output`, hooked for
+            the run). A decode step's entry
             may be a :class:`~trajscope.model.attention.QueryRow`, whose row ``step_fn`` computes with its
             chunk's; the prefill's are always rows. None: read from the module (eager, NDIF).
     Returns:
