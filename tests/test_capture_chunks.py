@@ -105,7 +105,7 @@ def test_streaming_sees_every_step_in_order_with_its_partial_run(tiny_models, mo
 
 def test_chunks_stay_within_the_memory_budget():
     assert chunks.chunk_size(6, 8, 40) == chunks.MAX_CHUNK  # the sample model at short context
-    assert chunks.chunk_size(12, 12, 2048) == 1  # the 124M model at P = 2,048: one step at a time, as before
-    mid = chunks.chunk_size(12, 12, 1024)
-    assert 1 < mid < chunks.MAX_CHUNK and 4 * 12 * 12 * mid * 1024 <= chunks.BUDGET_BYTES
+    assert chunks.chunk_size(30, 9, 8192) == 1  # SmolLM2 at all its 8,192 positions: one step at a time
+    mid = chunks.chunk_size(30, 9, 1024)  # SmolLM2 at P = 1,024
+    assert 1 < mid < chunks.MAX_CHUNK and 4 * 30 * 9 * mid * 1024 <= chunks.BUDGET_BYTES
     assert chunks.chunk_size(80, 64, 100_000) == 1

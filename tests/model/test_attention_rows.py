@@ -124,6 +124,36 @@ def test_local_capture_takes_rows_from_the_sink_not_the_module(tiny_models, tiny
     assert taken == []  # a serialised trace reads the attention modules
 
 
+def test_decode_steps_take_unsteered_block_outputs_from_the_sink(tiny_models, monkeypatch):
+    """At a decode step a local trace reads through nnsight only the blocks it steers; every other block's
+    output comes from the sink's forward hook (read once the logits are), and the hooks are gone after the
+    run. The values are held to a no-cache forward by test_capture's residual test and, steered, by
+    test_steering's forced-forward test."""
+    from trajscope.model.attention import RowSink
+    from trajscope.model.families import get_path
+    from trajscope.steering import SteeringVector
+
+    taken: list[int] = []
+    output = RowSink.output
+
+    def counting_output(self, layer):
+        taken.append(layer)
+        return output(self, layer)
+
+    monkeypatch.setattr(RowSink, "output", counting_output)
+    model = tiny_models["llama"]
+    L = model.n_layers
+    plain = ts.capture(model, PROMPT, max_new_tokens=4, stop_at_eos=False, residual_layers="all")
+    assert taken == list(range(L)) * 3  # the three decode steps; the prefill reads every block through nnsight
+    taken.clear()
+    vec = SteeringVector(layer=1, direction=torch.ones(model.d_model), strength=4.0)
+    steered = ts.capture(model, PROMPT, max_new_tokens=4, stop_at_eos=False, residual_layers="all", steering=[vec])
+    assert taken == [layer for layer in range(L) if layer != 1] * 3
+    assert steered.token_ids != plain.token_ids or not torch.equal(steered.residual(1), plain.residual(1))
+    blocks = get_path(model.torch_module(), model.family.blocks)
+    assert all(not block._forward_hooks for block in blocks)
+
+
 def test_the_sink_holds_one_step_at_a_time(tiny_models, monkeypatch):
     """The generation loop empties the sink after each step, so it never holds more than one step's entries
     and one key tensor per layer (a sink nobody empties keeps every step's keys of every layer)."""
@@ -177,7 +207,7 @@ def test_chunk_rows_equal_each_step_computed_alone(heads):
     for n_keys in (14, 15, 16, 17):  # four decode steps, the newest sees 17 keys
         q = torch.randn(1, H, 1, 8)
         sink.keys = [keys[:, :, :n_keys]]
-        entries.append(QueryRow(sink, 0, q[0], n_keys, 0.3))
+        entries.append(QueryRow(sink, 0, q, n_keys, 0.3))
         alone.append(attention_rows(q, keys[:, :, :n_keys], None, 0.3, n_keys - 1)[0])
     rows = chunk_rows(entries, 18)
     assert rows.shape == (H, 4, 18)

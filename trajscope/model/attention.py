@@ -29,7 +29,10 @@ Within :func:`collect_rows` (a local generation trace), every call also leaves
 its rows in a :class:`RowSink`, in call order (layer 0 … L − 1 at each step), so
 the trace takes a layer's rows from there once it has read the layer's block
 output, instead of reading the attention module's output too: one nnsight read
-per layer instead of two (``docs/capture_overhead.md``). There, a decode call
+per layer instead of two (``docs/capture_overhead.md``). At decode steps the
+sink also holds each block's output, left by a forward hook
+(:meth:`RowSink.watch_output`), so the trace reads no unsteered block through
+nnsight there at all: 2 reads per step instead of L + 2. There, a decode call
 whose query sees every cached key (no mask, no sliding window) goes further: it
 computes its output with SDPA alone and leaves only its query; the rows of a
 chunk of decode steps are computed later, per layer, in one product with the
@@ -41,9 +44,12 @@ the module reads and the rows in the forward.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Iterator
 
 import torch
+
+from trajscope.model.families import hidden
 
 ROWS_IMPL = "trajscope_rows"
 DEFAULT_PREFILL_ROWS = 32
@@ -113,6 +119,24 @@ class RowSink:
     def __init__(self) -> None:
         self.calls: list = []
         self.keys: list[torch.Tensor] = []
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.keep_outputs = False  # the prefill's block outputs are read through nnsight (and reduced as read)
+
+    def watch_output(self, layer: int, block: torch.nn.Module) -> Any:
+        """Keep block ``layer``'s hidden output, ``[q, d_model]`` of batch 0, at each call while
+        :attr:`keep_outputs` is set (every decode step: :meth:`clear`), for the trace to take with :meth:`output`
+        instead of reading the block through nnsight. Returns the hook's handle (``.remove()`` when the trace
+        ends). A PyTorch forward hook sees the module's output after nnsight has handed it on, so a layer the
+        trace steers holds its steered output (the trace reads steered layers through nnsight anyway)."""
+        def keep(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if self.keep_outputs:
+                self.outputs[layer] = hidden(output)[0]
+
+        return block.register_forward_hook(keep)
+
+    def output(self, layer: int) -> torch.Tensor:
+        """This step's block output of ``layer`` (:meth:`watch_output`); the sink lets go of it."""
+        return self.outputs.pop(layer)
 
     def add(self, rows: torch.Tensor) -> None:
         """Keep a call's rows, ``[b, H, n, k]`` (batch 0 is kept)."""
@@ -125,7 +149,7 @@ class RowSink:
             self.keys[layer] = key
         else:
             self.keys.append(key)
-        self.calls.append(QueryRow(self, layer, query[0], key.shape[2], scaling))
+        self.calls.append(QueryRow(self, layer, query, key.shape[2], scaling))
 
     def take(self, layer: int, now: bool = False) -> Any:
         """This step's entry for ``layer``: ``[H, n, k]`` rows or a :class:`QueryRow` (its rows when ``now``).
@@ -138,13 +162,17 @@ class RowSink:
         self.calls[layer] = None
         return entry.rows() if now and isinstance(entry, QueryRow) else entry
 
-    def clear(self) -> None:
+    def clear(self, keep_outputs: bool = False) -> None:
+        """Empty the sink after a step; ``keep_outputs``: keep the block outputs of the steps after it."""
         self.calls.clear()
+        self.outputs.clear()
+        self.keep_outputs = keep_outputs
 
 
 class QueryRow:
     """A decode step's query at one layer, whose attention row is computed later (:func:`chunk_rows`).
 
+    ``query`` is the ``[b, H, 1, d]`` query as the forward handed it (batch 0's row is the one computed);
     ``shape`` is the row's, ``(H, 1, n_keys)``: the step's query sees keys ``0 … n_keys − 1``.
     """
 
@@ -155,7 +183,7 @@ class QueryRow:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        return (self.query.shape[0], 1, self.n_keys)
+        return (self.query.shape[1], 1, self.n_keys)
 
     def rows(self) -> torch.Tensor:
         """``[H, 1, n_keys]`` float32."""
@@ -181,7 +209,7 @@ def chunk_rows(entries: list[QueryRow], n_keys: int) -> torch.Tensor:
     k = seen[-1]
     if seen != list(range(first.n_keys, k + 1)) or keys.shape[2] < k or n_keys < k:
         raise RuntimeError(f"layer {first.layer}: queries saw {seen} keys; {keys.shape[2]} are held, {n_keys} asked")
-    queries = torch.cat([e.query for e in entries], dim=1)[None]
+    queries = torch.cat([e.query for e in entries], dim=2)  # [b, H, C, d]; batch 0's rows are returned
     rows = attention_rows(queries, keys[:, :, :k], None, first.scaling, first.n_keys - 1)[0]
     return rows if n_keys == k else torch.nn.functional.pad(rows, (0, n_keys - k))
 
@@ -249,7 +277,9 @@ def rows_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     q_len, k_len = query.shape[2], key.shape[2]
     per_head = attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[1] > 1
-    sink = getattr(module.config, "_trajscope_row_sink", None)
+    # read off the config's __dict__: its class's __getattribute__ (attribute aliases) is Python, and this
+    # runs once per layer per step (collect_rows sets the attribute, so it is in __dict__ when set)
+    sink = module.config.__dict__.get("_trajscope_row_sink")
     if sink is not None and q_len == 1 and attention_mask is None and not _sliding(module, kwargs):
         out, _ = sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
         sink.defer(query, key, scaling)  # its row is computed with its chunk's (RowSink)
@@ -272,6 +302,17 @@ def rows_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     return out, rows
 
 
+_MODULE_SLIDING: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
 def _sliding(module: torch.nn.Module, kwargs: dict) -> bool:
-    """Whether this attention call sees a sliding window of keys (its cache drops old ones)."""
-    return kwargs.get("sliding_window") is not None or getattr(module, "sliding_window", None) is not None
+    """Whether this attention call sees a sliding window of keys (its cache drops old ones).
+
+    The module's own ``sliding_window`` is looked up once per module (``getattr`` on a module without
+    one goes through ``nn.Module.__getattr__`` and raises, once per layer per decode step)."""
+    if kwargs.get("sliding_window") is not None:
+        return True
+    window = _MODULE_SLIDING.get(module)
+    if window is None:
+        window = _MODULE_SLIDING[module] = getattr(module, "sliding_window", None) is not None
+    return window
