@@ -135,6 +135,11 @@ class TrajScope(StateView):
 
         Tabs are rendered when first shown (``dynamic``): a new run redraws only the tab on screen.
         """
+        return pn.Column(*self._main_parts(), sizing_mode="stretch_width")
+
+    def _main_parts(self) -> tuple[pn.Column, pn.Tabs]:
+        """:meth:`main` in two parts: the step bar and token strip, and the tabs (the page makes each a Bokeh
+        root of its own, see :meth:`template`)."""
         card = dict(sizing_mode="stretch_width", collapsible=False, margin=(5, 5))
         named = self._cards
         tabs = pn.Tabs(  # each card opens with the run and model its results belong to
@@ -151,10 +156,8 @@ class TrajScope(StateView):
 
         tabs.param.watch(on_tab, "active")
         on_tab()
-        return pn.Column(
-            pn.Card(self.player, self.live, title="Step", **card),
-            pn.Card(self.tokens, title="Tokens", **card),
-            tabs, sizing_mode="stretch_width")
+        return pn.Column(pn.Card(self.player, self.live, title="Step", **card),
+                         pn.Card(self.tokens, title="Tokens", **card), sizing_mode="stretch_width"), tabs
 
     def template(self) -> Page:
         """The app as a page (what ``panel serve apps/trajscope.py`` shows).
@@ -162,16 +165,23 @@ class TrajScope(StateView):
         The page request only sends a light shell; the views are drawn once the browser has connected
         (``pn.state.onload``), so a request its client abandons costs the server almost nothing
         (drawing the views takes about a second of server time; the shell about a tenth).
+
+        The step bar with the token strip and the tabs are two Bokeh roots: BokehJS lays out and repaints
+        every plot of a root when anything in it changes, so a card drawing its result does not also
+        repaint the step bar and the token strip.
         """
         side = pn.Column(sizing_mode="stretch_width")
         main = pn.Column(pn.pane.Markdown("Loading trajscope…", css_classes=["ts-loading"]), sizing_mode="stretch_width")
+        cards = pn.Column(sizing_mode="stretch_width")
 
         def draw() -> None:
             side[:] = [self.sidebar()]
-            main[:] = [self.main()]
+            top, tabs = self._main_parts()
+            main[:] = [top]
+            cards[:] = [tabs]
             self._autostart()
 
-        tpl = Page(title=TITLE, sidebar=[side], main=[main], font=FONT,
+        tpl = Page(title=TITLE, sidebar=[side], main=[main, cards], font=FONT,
                                            sidebar_width=340, accent="#1f77b4", theme_toggle=False,
                                            main_max_width="1600px",
                                            # Panel's busy spinner is one shared model synced through a global
