@@ -64,7 +64,7 @@ def headline(result: Result) -> dict[str, dict]:
             from trajscope.stats import cluster_bootstrap
 
             per = result.table("prefix-cache_coverage").group_by("prompt_id").agg(
-                (pl.col("status") == "reused").mean().alias("share"))
+                (pl.col("status") == "reused").mean().alias("share")).sort("prompt_id")  # rows in a fixed order: resampled by index
             iv = cluster_bootstrap(per["share"].to_numpy())
             out["share of a prompt's positions never computed"] = _entry(iv.estimate, iv.lo, iv.hi, iv.n_clusters)
         return out

@@ -66,7 +66,7 @@ def headline(result: Result) -> dict[str, dict]:
         out.update(_sae_headline(result))
     if "serving-vllm_coverage" in result.tables or _has(result, "serving-vllm_coverage"):
         per = result.table("serving-vllm_coverage").group_by("prompt_id").agg(
-            (pl.col("status") == "reused").mean().alias("share"))
+            (pl.col("status") == "reused").mean().alias("share")).sort("prompt_id")  # rows in a fixed order: resampled by index
         iv = cluster_bootstrap(per["share"].to_numpy())
         out["prefix-cache: share of a prompt's positions never computed"] = _entry(iv.estimate, iv.lo, iv.hi, iv.n_clusters)
     return out

@@ -106,7 +106,7 @@ def decay_summary(steps: pl.DataFrame, window: int = 10, level: float = 0.95, n_
         pl.col("_kl1").mean().alias("from_step1_kl"),
         pl.col("token_changed").cast(pl.Float64).mean().alias("changed_frac"),
         pl.col("since").filter(pl.col("kl_to_base") < pl.col("kl_to_base").first() / 2).min().alias("half_life"),
-    )
+    ).sort(keys)  # group_by's row order is not fixed: unsorted, the means below sum in another order each run
     full, short = per_run.filter(pl.col("_n") == window), per_run.filter(pl.col("_n") < window)
     rows = []
     for (k, strength), part in full.group_by("start_step", "strength", maintain_order=True):
