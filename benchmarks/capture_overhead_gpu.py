@@ -59,66 +59,21 @@ def random_arch_dir(src: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
 
 
 def check_cuda(tmp: pathlib.Path, dev: str = "cuda") -> dict:
-    """Part 1: capture on ``dev`` against an HF eager forward on ``dev``, per tiny family."""
+    """Part 1: capture on ``dev`` against an HF eager forward on ``dev``, per tiny family
+    (``tests/test_capture_cuda.measure``, the numbers that test asserts on)."""
+    from test_capture_cuda import measure
     from tiny import FAMILIES
 
-    prompt, out = "def fibonacci(n):\n    ", {}
+    out = {}
     for fam in FAMILIES:
         try:
-            out[fam] = check_family(tmp, fam, dev, prompt)
+            out[fam] = {**measure(tmp, fam, dev), "device": dev}
+            print(f"  {fam:<9} " + "; ".join(f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}"
+                                             for k, v in out[fam].items()), flush=True)
         except Exception as exc:  # one family's failure is reported and the others still run
             traceback.print_exc()
             out[fam] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
-
-
-def check_family(tmp: pathlib.Path, fam: str, dev: str, prompt: str) -> dict:
-    """One tiny family's capture on ``dev`` against the HF eager forward and ``generate`` on ``dev``."""
-    from tiny import build_tiny_model
-
-    from transformers import AutoModelForCausalLM
-
-    path = build_tiny_model(tmp, fam)
-    model = ts.load_model(str(path), device=dev, dtype="float32")  # load_model defaults to bfloat16 on CUDA
-    traj = ts.capture(model, prompt, max_new_tokens=10, stop_at_eos=False, residual_layers="all",
-                      attention_layers="all")
-    ref = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32).to(dev).eval()
-    ids = torch.tensor([model.encode(prompt)], device=dev)
-    gen = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
-                       temperature=None, top_p=None, top_k=None, eos_token_id=[],
-                       pad_token_id=model.tokenizer.pad_token_id)[0].tolist()
-    computed = traj.token_ids[:-1]
-    full = ref(torch.tensor([computed], device=dev), output_attentions=True, output_hidden_states=True)
-    norm = dict(ref.named_modules())[model.family.final_norm]
-    resid, rows = 0.0, 0.0
-    for layer in range(model.n_layers):
-        got = traj.residual(layer).to(dev)
-        if layer == model.n_layers - 1:
-            got = norm(got)
-        want = full.hidden_states[layer + 1][0]
-        resid = max(resid, ((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-12)).max().item())
-        rows = max(rows, (traj.attention_rows(layer).to(dev) - full.attentions[layer][0].float()).abs().max().item())
-    # steering from decode step 3 and a TopK SAE at the last layer: the same run on the CPU gives the same tokens
-    # and features (the CPU path is the one the test suite checks against HF)
-    from trajscope.sae.model import SAE, SAEConfig
-
-    torch.manual_seed(1)
-    sae = SAE(SAEConfig(architecture="topk", d_in=model.d_model, d_sae=8 * model.d_model, k=4,
-                        hook_name=f"blocks.{model.n_layers - 1}.hook_resid_post"))
-    vec = ts.SteeringVector(layer=0, direction=torch.randn(model.d_model), strength=8.0, start_step=3)
-    kw = dict(max_new_tokens=10, stop_at_eos=False, steering=(vec,), sae=sae)
-    on_dev = ts.capture(model, prompt, **kw)
-    on_cpu = ts.capture(ts.load_model(str(path), device="cpu"), prompt, **kw)
-    feats = [t.sort(["pos", "feature"]) for t in (on_dev.features, on_cpu.features)]
-    same_features = feats[0].select("pos", "feature").equals(feats[1].select("pos", "feature"))
-    act_diff = float((feats[0]["value"] - feats[1]["value"]).abs().max()) if same_features else float("nan")
-    steered_same = on_dev.token_ids == on_cpu.token_ids
-    print(f"  {fam:<9} greedy = HF: {traj.token_ids == gen}; residual max rel L2 {resid:.2e}; rows max abs "
-          f"{rows:.2e}; steered + SAE run: tokens = CPU's {steered_same}, features = CPU's {same_features} "
-          f"(activation max abs diff {act_diff:.1e})", flush=True)
-    return {"greedy_equal_hf_generate": traj.token_ids == gen, "residual_max_rel_l2": resid,
-            "attention_rows_max_abs": rows, "steered_sae_tokens_equal_cpu": steered_same,
-            "sae_features_equal_cpu": same_features, "sae_activation_max_abs_diff_vs_cpu": act_diff, "device": dev}
 
 
 def speed(arch: pathlib.Path, reps: int, out: dict, dest: pathlib.Path, dev: str = "cuda") -> None:

@@ -56,3 +56,16 @@ def test_sae_on_another_device_is_copied_there_and_left_in_place(sae):
     moved = on_device(sae, "meta")
     assert moved is not sae and all(p.device.type == "meta" for p in moved.parameters())
     assert all(p.device.type == "cpu" for p in sae.parameters())
+
+
+def test_the_device_copy_is_reused_until_the_sae_changes(sae):
+    """Each capture on another device used to deep-copy the SAE again; the copy is now kept, and made anew once
+    a parameter changes in place."""
+    from trajscope.capture.attachments import on_device
+
+    first = on_device(sae, "meta")
+    assert on_device(sae, "meta") is first
+    with torch.no_grad():
+        next(sae.parameters()).mul_(1.0)
+    again = on_device(sae, "meta")
+    assert again is not first and on_device(sae, "meta") is again

@@ -11,6 +11,7 @@ here turn into the ``features`` table (position × top-k active feature, plus
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import torch
@@ -40,13 +41,28 @@ def sae_spec(model: ModelHandle, sae: Any, k: int) -> tuple | None:
     return (layer, functools.partial(sae_features, on_device(sae, model.device), k=k))
 
 
+_COPIES: "weakref.WeakKeyDictionary[Any, tuple[tuple, Any]]" = weakref.WeakKeyDictionary()
+
+
 def on_device(sae: Any, device: str):
-    """``sae`` itself when its parameters are on ``device``, else a copy moved there (the caller's SAE stays put)."""
+    """``sae`` itself when its parameters are on ``device``, else a copy moved there (the caller's SAE stays put).
+
+    The copy is kept while the SAE lives and reused by the next capture on that device, until one of the SAE's
+    parameters is replaced or changed in place (each tensor's storage and version counter are checked).
+    """
     import copy
 
     want = torch.empty(0, device=device).device  # "cuda" resolved to "cuda:0"
-    param = next(sae.parameters(), None)
-    return sae if param is None or param.device == want else copy.deepcopy(sae).to(want)
+    params = list(sae.parameters())
+    if not params or params[0].device == want:
+        return sae
+    stamp = (want, tuple((p.data_ptr(), p._version) for p in params))
+    hit = _COPIES.get(sae)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    moved = copy.deepcopy(sae).to(want)
+    _COPIES[sae] = (stamp, moved)
+    return moved
 
 
 def feature_tables(traj: Trajectory, records: list[StepRecord], layer: int, sae_name: str):

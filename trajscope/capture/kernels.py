@@ -93,6 +93,12 @@ def token_stats(logits: torch.Tensor, top_k: int = 5) -> dict:
     return {"logprobs": lp, "entropy": ent, "top_ids": top_ids, "top_lp": top_lp}
 
 
+def chosen_logprobs(lp: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``lp[i, ids[i]]`` for each row: ``lp`` ``[n, vocab]`` log-probabilities, ``ids`` ``[n]`` the tokens that
+    followed. The ids stay on the host through the capture; they are moved to ``lp``'s device here."""
+    return lp.gather(-1, ids.to(lp.device).unsqueeze(-1)).squeeze(-1)
+
+
 def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> dict:
     """Reduce one step's tensors to its record (all small tensors).
 
@@ -129,7 +135,7 @@ def step_record(step, P, consumed, attn_rows, resid, logits, prev_lp, opts) -> d
     lp = t_stats["logprobs"]
     lp_first = q - lp.shape[0]
     # logprob of the prompt tokens after each computed row's query
-    chosen = lp[:-1].gather(-1, consumed[q - lp.shape[0] + 1:].to(lp.device).unsqueeze(-1)).squeeze(-1)  # ids stay on the host
+    chosen = chosen_logprobs(lp[:-1], consumed[q - lp.shape[0] + 1:])
     return {
         "step": step, "first_pos": first_pos, "attn_first_pos": attn_first, "lp_first_pos": lp_first, "ids": consumed.detach().clone(),
         "chosen_lp": chosen, "entropy": t_stats["entropy"], "top_ids": t_stats["top_ids"],
@@ -248,7 +254,7 @@ def decode_records(first_step, P, ids, rows, resid, logits, prev_lp, opts) -> tu
     lp = t_stats["logprobs"]
     chosen = prev_lp[ids[:1]]
     if C > 1:
-        chosen = torch.cat([chosen, lp[:-1].gather(-1, ids[1:].to(lp.device).unsqueeze(-1)).squeeze(-1)])
+        chosen = torch.cat([chosen, chosen_logprobs(lp[:-1], ids[1:])])
     sae_out = sae[1](resid[sae[0]]) if sae is not None else None
     records = []
     for c in range(C):
