@@ -183,6 +183,7 @@ def test_ids_are_renumbered_in_order():
     assert page.canonical_ids(a) == page.canonical_ids(b) and "p1001" in page.canonical_ids(a)
 
 
+@pytest.mark.soak
 def test_a_kill_mid_run_then_resume_reruns_only_the_unfinished_study(calibrated, tmp_path):
     """kill -9 once the first study is done; the second call resumes it and the report equals the
     straight-through one byte for byte."""

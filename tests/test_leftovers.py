@@ -32,6 +32,7 @@ def hidden(d):
     return sorted(p.name for p in d.iterdir() if p.name.startswith("."))
 
 
+@pytest.mark.soak
 def test_kill_9_mid_save_then_a_new_save_leaves_nothing_hidden(run, tmp_path):
     runs = tmp_path / "runs"
     run.save(runs / "first")

@@ -85,6 +85,7 @@ def test_unwritable_destination(traj, tmp_path):
         traj.save(blocker / "run")
 
 
+@pytest.mark.soak
 def test_a_killed_save_leaves_whole_runs_or_none(tmp_path):
     """Kill a process while it saves runs, at several points: every run directory left is complete."""
     import random

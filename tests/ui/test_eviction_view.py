@@ -57,11 +57,15 @@ def test_card_result_matches_the_study_and_plots_carry_it(view, short_run, sampl
     np.testing.assert_allclose(res.tables["eviction_steps"]["recall_at_k"].to_numpy(), ref.tables["eviction_steps"]["recall_at_k"].to_numpy())
     np.testing.assert_allclose(res.tables["eviction_rerun"]["kl_to_full"].to_numpy(), ref.tables["eviction_rerun"]["kl_to_full"].to_numpy(), atol=1e-6)
     # heatmap: one cell per layer × head × prompt position, kept as the table says
-    cells = ep.kept_heatmap(res, short_run.tokens, P)
-    assert len(cells) == res.tables["eviction_kept"].height * P
-    kept_cells = sum(k == "kept" for k in cells.dimension_values("key"))
-    assert kept_cells == res.tables["eviction_kept"]["kept_pos"].list.len().sum()
-    assert "token" in [d.name for d in cells.vdims]
+    img = ep.kept_heatmap(res, short_run.tokens, P)
+    kept = res.tables["eviction_kept"].sort("layer", "head")
+    grid = img.dimension_values("kept", flat=False)  # row i: y = i
+    assert grid.shape == (kept.height, P) and grid.sum() == kept["kept_pos"].list.len().sum()
+    for i, row in enumerate(kept["kept_pos"].to_list()):  # row i (top = layer 0, head 0) is that head's kept set
+        assert np.flatnonzero(grid[i]).tolist() == sorted(row), i
+    hover = img.opts.get().kwargs["tools"][0]  # the hover names each position's token
+    texts = short_run.tokens.sort("pos")["text"].to_list()
+    assert hover.formatters["$x"].args["labels"] == [f"{p} «{ep.visible(texts[p])}»" for p in range(P)]
     # step curves: mean over layers and heads, x = decode steps 1..n
     costs = ep.step_costs_plot(res, short_run.tokens, P)
     rec = costs.get(0)

@@ -39,6 +39,7 @@ def step_to(page, app, target: int) -> None:
         wait_until(lambda: app.state.step != before, page, timeout=TIMEOUT)
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("tab", ["Overview", "Attention", "SAE features", "Drift"])
 def test_memory_stays_flat_over_500_step_changes(app_page, tab):
     page, app = app_page
