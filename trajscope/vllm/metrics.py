@@ -6,7 +6,8 @@ holds to these series (``prometheus_client``, which vLLM depends on):
 =====================================================  ===========  =========================================
 series                                                  type         value
 =====================================================  ===========  =========================================
-``trajscope_requests_total{layer}``                     counter      tracked requests written
+``trajscope_requests_total{layer}``                     counter      tracked requests written (counted after
+                                                                     the run's other series are in)
 ``trajscope_drift_score{profile,layer}``                histogram    drift score of every decode step (the run's
                                                                      ``probe`` table)
 ``trajscope_drift_flagged_steps_total{profile,layer}``  counter      decode steps above the profile's threshold
@@ -84,7 +85,6 @@ class RunMetrics:
         """
         meta, s = traj.meta, self.s
         layer = str(meta["vllm"]["monitored_layer"])
-        s["requests"].labels(layer).inc()
         probe = traj.probe
         if meta.get("probe") and probe is not None:
             name = str(meta["probe"]["profile"])
@@ -93,6 +93,9 @@ class RunMetrics:
             s["flagged"].labels(name, layer).inc(int(probe["flagged"].sum()))
         if meta.get("sae") and traj.features is not None:
             self._sae(traj, str(meta["sae"]["name"]), layer, int(n_features))
+        # counted last: a scrape that sees N requests sees every series of those N (a scrape between the count
+        # and the SAE windows read a current window of 0 positions in CI)
+        s["requests"].labels(layer).inc()
 
     def _sae(self, traj: Any, name: str, layer: str, n_features: int) -> None:
         s = self.s
