@@ -62,6 +62,7 @@ def test_two_sessions_generating_at_once_keep_their_own_state(page, browser, sam
     other.close()
 
 
+@pytest.mark.soak
 def test_abandoned_page_requests_leave_the_server_responsive(page, short_run_dir):
     """20 page requests dropped by their clients draw no views, a real session keeps stepping, and the server goes idle."""
     import os
