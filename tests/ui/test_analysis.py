@@ -61,19 +61,25 @@ def test_drift_plots_carry_the_scores(llama, profile_path):
     view.state.set_trajectory(traj, step=0)
     drift = view.settings.drift
     hm = dp.drift_heatmap(drift, traj.prompt_len, traj.tokens["text"].to_list())
-    hv.render(hm)  # draws (HeatMap grids its value columns, the token text included)
+    hv.render(hm)  # draws
     heat = hm.get(0)
-    # every score but the sink's (pos 0, shown apart: it would set the colour scale)
-    np.testing.assert_allclose(np.sort(heat.dimension_values("score")),
-                               np.sort(drift.filter(pl.col("pos") > 0)["score"].to_numpy()))
+    # every score but the sink's (pos 0, shown apart: it would set the colour scale), each in its cell
+    shown = drift.filter(pl.col("pos") > 0)
+    grid = heat.dimension_values("score", flat=False)
+    assert np.isfinite(grid).sum() == shown.height
+    for r in shown.iter_rows(named=True):  # the cell at x = the step axis of pos, y = layer
+        assert heat[r["pos"] - traj.prompt_len + 1, r["layer"]] == pytest.approx(r["score"], rel=1e-6)
     curves = dp.drift_curves(drift, view.settings.thresholds, traj.prompt_len)
     hlines = [el for el in curves if el.__class__.__name__ == "HLine"]
     assert sorted(h.data for h in hlines) == sorted(view.settings.thresholds.values())
     labels = [el.label for el in curves if el.__class__.__name__ == "Curve"]  # each layer's threshold in its legend entry
     assert labels == [f"layer {k} (threshold {t:.2f})" for k, t in sorted(view.settings.thresholds.items())]
     # the x-axis is the page's step axis: decode positions at their query step, layers only those that exist
-    xs, ps = heat.dimension_values("xstep"), heat.dimension_values("pos")
-    np.testing.assert_array_equal(xs, ps - traj.prompt_len + 1)
+    assert heat.bounds.lbrt()[0] == 1 - traj.prompt_len + 1 - 0.5  # pos 1, the first shown, at its step axis
+    assert heat.bounds.lbrt()[2] == int(drift["pos"].max()) - traj.prompt_len + 1 + 0.5
+    hover = heat.opts.get().kwargs["tools"][0]  # the hover names the position, its token and its step
+    first = hover.formatters["$x"].args
+    assert first["origin"] == 2 - traj.prompt_len and first["labels"][0].startswith("1 ")
     assert heat.opts.get().kwargs["ylim"] == (-0.5, llama.n_layers - 0.5)
     lo, hi = heat.opts.get().kwargs["clim"]
     assert abs((lo + hi) / 2 - 1.0) < 1e-9 or lo == 0.0  # diverging around 1 (the prefill-typical score)

@@ -21,7 +21,8 @@ def test_drift_scale_is_centred_at_one_and_not_set_by_the_sink():
     hm = dp.drift_heatmap(drift, P).get(0)
     lo, hi = hm.opts.get().kwargs["clim"]
     assert abs((lo + hi) / 2 - 1) < 1e-9 and hi < 3  # the sink (75) would make it 0–151
-    assert 0 not in hm.data["pos"].to_list() and "pos 0 (attention sink) left out" in hm.opts.get().kwargs["title"]
+    x_of_pos0 = 0 - P + 1  # the step axis: x = pos − P + 1
+    assert hm.bounds.lbrt()[0] == x_of_pos0 + 0.5 and "pos 0 (attention sink) left out" in hm.opts.get().kwargs["title"]
     ticks = hm.opts.get().kwargs["yticks"]
     assert len(ticks) <= 16 and ticks[-1] == 29  # 30 labels would overlap
     assert hm.opts.get().kwargs["height"] >= 14 * 30

@@ -49,18 +49,21 @@ def position_labels(texts, prompt_len: int) -> list[str]:
     return [f"{i} {positions.phase(i, prompt_len)} «{visible(t)}»" for i, t in enumerate(texts)]
 
 
-def integer_hover(tooltips: list[tuple[str, str]], labels: dict[str, list[str] | None]):
+def integer_hover(tooltips: list[tuple[str, str]], labels: dict[str, list[str] | None],
+                  origin: dict[str, int] | None = None):
     """A Bokeh ``HoverTool`` whose ``$x`` / ``$y`` fields show integers (cell centres), or ``labels[i]``.
 
     Args:
         tooltips: Bokeh tooltips; write ``$x{custom}`` / ``$y{custom}`` for the rounded coordinates.
         labels: ``{"$x": [...], "$y": [...]}``: text per integer coordinate (None: the integer itself).
+        origin: ``{field: c}``: ``labels[field][0]`` belongs to coordinate ``c`` (default 0).
     """
     from bokeh.models import CustomJSHover, HoverTool
 
-    code = ("const i = Math.round(value); if (labels === null) return String(i);"
-            "return (i >= 0 && i < labels.length) ? labels[i] : String(i);")
-    fmts = {k: CustomJSHover(args={"labels": v}, code=code) for k, v in labels.items()}
+    code = ("const i = Math.round(value); if (labels === null) return String(i); const j = i - origin;"
+            "return (j >= 0 && j < labels.length) ? labels[j] : String(i);")
+    fmts = {k: CustomJSHover(args={"labels": v, "origin": int((origin or {}).get(k, 0))}, code=code)
+            for k, v in labels.items()}
     return HoverTool(tooltips=tooltips, formatters=fmts)
 
 
