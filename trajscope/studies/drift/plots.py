@@ -108,6 +108,6 @@ def drift_curves(drift: pl.DataFrame, thresholds: dict[int, float], prompt_len: 
     items.append(hv.VLine(0.5).opts(color="#6c757d", line_dash="dashed"))
     some = "" if len(shown) == len(every) else f" ({len(shown)} of {len(every)} layers; pos 0 left out)"
     return hv.Overlay(items).opts(
-        responsive=True, height=max(260, 22 * len(shown) + 60), legend_position="right", xlabel=STEP_AXIS,
+        responsive=True, height=max(300, 26 * len(shown) + 90), legend_position="right", xlabel=STEP_AXIS,
         ylabel="drift score", ylim=(min(0.0, lo), hi * 1.1), toolbar="right",
         title=f"Drift by layer{some}; dotted = that layer's threshold, calibrated on held-out prefill")
