@@ -42,6 +42,16 @@ def _largest_delta(summ: pl.DataFrame, group: list[str]) -> dict[str, dict]:
     return out
 
 
+def reused_share(coverage: pl.DataFrame) -> Any:
+    """Mean over prompts of the share of a prompt's positions served from the prefix cache (``status`` "reused"
+    in a coverage table), with its bootstrap interval over prompts (:func:`trajscope.stats.cluster_bootstrap`).
+    The prompts are put in ``prompt_id`` order first: the bootstrap resamples them by index."""
+    from trajscope.stats import cluster_bootstrap
+
+    per = coverage.group_by("prompt_id").agg((pl.col("status") == "reused").mean().alias("share")).sort("prompt_id")
+    return cluster_bootstrap(per["share"].to_numpy())
+
+
 def headline(result: Result) -> dict[str, dict]:
     """The headline numbers of a serving study's Result (see the module docstring)."""
     name = result.study
@@ -61,11 +71,7 @@ def headline(result: Result) -> dict[str, dict]:
         group = {"batch": ["neighbours", "padding_side", "slot"], "chunked-prefill": ["chunk"]}.get(name, [])
         out = _largest_delta(result.table(f"{name}_summary"), group)
         if name == "prefix-cache":
-            from trajscope.stats import cluster_bootstrap
-
-            per = result.table("prefix-cache_coverage").group_by("prompt_id").agg(
-                (pl.col("status") == "reused").mean().alias("share")).sort("prompt_id")  # rows in a fixed order: resampled by index
-            iv = cluster_bootstrap(per["share"].to_numpy())
+            iv = reused_share(result.table("prefix-cache_coverage"))
             out["share of a prompt's positions never computed"] = _entry(iv.estimate, iv.lo, iv.hi, iv.n_clusters)
         return out
     if name == "sae-stability":

@@ -26,6 +26,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.escaping import html_text
 from trajscope.studies.registry import Result
 from trajscope.studies.serving.sections import INTERVAL_NOTE, ci, num, table
+from trajscope.studies.serving.summary import reused_share
 
 PARTS = ("batch", "chunked-prefill", "prefix-cache")
 
@@ -65,9 +66,7 @@ def headline(result: Result) -> dict[str, dict]:
     if _has(result, "serving-vllm_sae_summary"):
         out.update(_sae_headline(result))
     if "serving-vllm_coverage" in result.tables or _has(result, "serving-vllm_coverage"):
-        per = result.table("serving-vllm_coverage").group_by("prompt_id").agg(
-            (pl.col("status") == "reused").mean().alias("share")).sort("prompt_id")  # rows in a fixed order: resampled by index
-        iv = cluster_bootstrap(per["share"].to_numpy())
+        iv = reused_share(result.table("serving-vllm_coverage"))
         out["prefix-cache: share of a prompt's positions never computed"] = _entry(iv.estimate, iv.lo, iv.hi, iv.n_clusters)
     return out
 
