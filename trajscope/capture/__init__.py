@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from trajscope.capture import attachments, kernels
-from trajscope.capture.chunks import STREAM_DELAY_S, StepChunks
+from trajscope.capture.chunks import STREAM_DELAY_S, PrefillGroups, StepChunks
 from trajscope.capture.config import CaptureConfig, LayerSpec, resolve_layers
 from trajscope.capture.record import StepRecord
 from trajscope.capture.tables import build_tables
@@ -164,7 +164,9 @@ def capture(model: ModelHandle, prompt: str | Sequence[int] | Sequence[dict], co
         try:
             result = model.generation(ids, gen_kwargs, kernels.record_step if chunks is None else chunks, opts,
                                       steer_specs(model, cfg.steering), N, kernels=kernels,
-                                      prefill_rows=cfg.prefill_row_limit, layer_fn=kernels.prefill_layer)
+                                      prefill_rows=cfg.prefill_row_limit,
+                                      layer_fn=kernels.prefill_layer if chunks is None else
+                                      PrefillGroups(model.n_layers))
         except KeyboardInterrupt:
             stop_reason = "interrupted"
         if chunks is not None and chunks.out is not None:

@@ -7,9 +7,12 @@ tensors costs about as much again in per-operation overhead (measured in
 (attention rows, block outputs, logits) as they are and reduces C steps at once
 with :func:`~trajscope.capture.kernels.decode_records`; the prefill step is
 reduced on its own, as before. C is as large as fits a memory budget for the
-stacked attention rows (16 MiB, at most :data:`MAX_CHUNK` steps): on SmolLM2
+stacked attention rows (16 MiB on a CPU, at most :data:`MAX_CHUNK` steps): on SmolLM2
 (30 layers, 9 heads) 14 steps at P = 1,024, 3 at P = 4,096 and one at 8,192
-positions, where the budget keeps capture's peak memory near ``generate``'s. Each
+positions, where the budget keeps capture's peak memory near ``generate``'s. On a
+GPU, where a capture is bound by its host's kernel launches and memory is
+plentiful, the budget is 256 MiB (32 steps up to about 7,700 positions on
+SmolLM2), and the prefill's layers are reduced in groups (:class:`PrefillGroups`). Each
 reduction has a fixed cost of some dozens of small operations, so at long
 context one reduction per step was about 2% of a capture on SmolLM2 at P = 1,024.
 
@@ -34,12 +37,50 @@ from trajscope.model.attention import QueryRow, chunk_rows
 
 MAX_CHUNK = 32
 BUDGET_BYTES = 16 * 2**20  # the stacked [L, H, C, K] float32 attention rows of one chunk
+GPU_BUDGET_BYTES = 256 * 2**20  # the same on a GPU, whose capture is bound by kernel launches, not memory
 STREAM_DELAY_S = 0.1  # how far streamed events may trail the generation
 
 
-def chunk_size(n_layers: int, n_heads: int, n_keys: int) -> int:
+def budget(device: torch.device | str) -> int:
+    """The bytes a chunk of decode rows (or a group of prefill layers) may take on ``device``."""
+    return BUDGET_BYTES if torch.device(device).type == "cpu" else GPU_BUDGET_BYTES
+
+
+def chunk_size(n_layers: int, n_heads: int, n_keys: int, budget_bytes: int = BUDGET_BYTES) -> int:
     """How many decode steps to reduce at once when rows have about ``n_keys`` keys (1 … MAX_CHUNK)."""
-    return max(1, min(MAX_CHUNK, BUDGET_BYTES // (4 * n_layers * n_heads * (n_keys + MAX_CHUNK))))
+    return max(1, min(MAX_CHUNK, budget_bytes // (4 * n_layers * n_heads * (n_keys + MAX_CHUNK))))
+
+
+class PrefillGroups:
+    """The prefill's ``layer_fn`` for local captures: each layer's reads reduced as read on a CPU
+    (:func:`~trajscope.capture.kernels.prefill_layer`), a group of layers at once on a GPU
+    (:func:`~trajscope.capture.kernels.prefill_layers`, up to :func:`budget` bytes of rows and block outputs,
+    always reduced by the last layer): there a capture is bound by its host's kernel launches, and the
+    prefill's telemetry is some 70 launches a layer. Returns each layer's dict, filled when its group is reduced.
+    """
+
+    def __init__(self, n_layers: int, budget_bytes: int | None = None):
+        self.n_layers = n_layers
+        self.budget_bytes = budget_bytes  # None: 0 on a CPU (each layer alone), budget() on a GPU
+        self.pending: list[tuple] = []
+        self.bytes = 0
+
+    def __call__(self, layer, P, rows, resid, opts) -> dict:
+        limit = self.budget_bytes
+        if limit is None:
+            limit = 0 if resid.device.type == "cpu" else budget(resid.device)
+        if limit <= 0:
+            return kernels.prefill_layer(layer, P, rows, resid, opts)
+        slot: dict = {}
+        self.pending.append((layer, rows, resid, slot))
+        self.bytes += 4 * (rows.shape[0] * rows.shape[1] * P + resid.numel())
+        if self.bytes >= limit or layer == self.n_layers - 1:
+            done = kernels.prefill_layers([p[0] for p in self.pending], P, [p[1] for p in self.pending],
+                                          [p[2] for p in self.pending], opts)
+            for (*_, into), d in zip(self.pending, done):
+                into.update(d)
+            self.pending, self.bytes = [], 0
+        return slot
 
 
 class StepChunks:
@@ -73,7 +114,7 @@ class StepChunks:
             self.started = time.monotonic()
         self.pending.append((step, consumed, attn_rows, resid, logits))
         L, (H, _, k) = len(attn_rows), attn_rows[0].shape
-        full = len(self.pending) >= chunk_size(L, H, k)
+        full = len(self.pending) >= chunk_size(L, H, k, budget(logits.device))
         if full or (self.max_delay_s is not None and time.monotonic() - self.started >= self.max_delay_s):
             self.flush()
         return self.last_lp

@@ -78,8 +78,11 @@ def _n_massive(x, max_abs, median_abs, dtype, pooled):
     Only a vector whose max |x| passes the absolute bar (or is NaN) can count, so the comparison
     runs on those vectors alone (at prefill: the sink and a few others among P), picked by index
     with one host sync (``nonzero``), as many as the unfused rule's ``any``; the reference median is
-    the same element as over the whole of ``x``.
+    the same element as over the whole of ``x``. Off the CPU, :func:`_n_massive_dense`: the same counts with
+    no host sync.
     """
+    if x.device.type != "cpu":
+        return _n_massive_dense(x, median_abs, dtype, pooled)
     d = x.shape[-1]
     flat_max = max_abs.reshape(-1)
     idx = (~(flat_max <= MASSIVE_ABS)).nonzero().squeeze(-1)  # > the bar, or NaN
@@ -99,3 +102,21 @@ def _n_massive(x, max_abs, median_abs, dtype, pooled):
     bar = torch.maximum(MASSIVE_RATIO * med, torch.tensor(MASSIVE_ABS, dtype=dtype, device=x.device))
     counts = torch.gt(ax, bar, out=ax).sum(-1)
     return n_massive.index_copy_(0, idx, counts).reshape(max_abs.shape)
+
+
+def _n_massive_dense(x, median_abs, dtype, pooled):
+    """:func:`_n_massive` over every vector, with no host sync (a GPU compares the whole block at once, and a
+    sync would stop the host queueing the forward's next kernels). The same counts: a vector whose max |x|
+    is at most the absolute bar counts nothing either way, and each reference median is the same element.
+    """
+    ax = x.abs()
+    if median_abs is None and pooled:
+        med = ax.reshape(-1).median()
+    elif median_abs is None:
+        med = ax.median(-1).values.unsqueeze(-1)
+    else:
+        med = torch.as_tensor(median_abs, dtype=dtype, device=x.device)
+        if med.dim() > 0:
+            med = torch.broadcast_to(med, x.shape[:-1]).unsqueeze(-1)
+    bar = torch.maximum(MASSIVE_RATIO * med, torch.tensor(MASSIVE_ABS, dtype=dtype, device=x.device))
+    return torch.gt(ax, bar, out=ax).sum(-1)
