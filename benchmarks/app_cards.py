@@ -91,7 +91,10 @@ POLL = """async () => {
     const it = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
     for (let n = it.nextNode(); n; n = it.nextNode()) {
       const text = n.data.trim();
-      if (text.endsWith('…') && n.parentElement && n.parentElement.getClientRects().length) working.push(text);
+      // on screen: laid out (getClientRects) and not hidden by CSS visibility or opacity (checkVisibility)
+      const el = n.parentElement, seen = el && el.getClientRects().length &&
+        (!el.checkVisibility || el.checkVisibility({visibilityProperty: true, opacityProperty: true}));
+      if (text.endsWith('…') && seen) working.push(text);
     }
     root.querySelectorAll('*').forEach(e => {
       if (e.classList && e.classList.contains('bk-tab') && e.classList.contains('bk-active') && !active)
