@@ -3,7 +3,7 @@
 The Eviction card's kept-keys map (270 layer × head rows × 41 prompt positions on SmolLM2's chat prompt) and
 the Drift card's heatmap (30 layers × 104 positions) were drawn with a glyph per cell (HoloViews
 ``Rectangles`` / ``HeatMap``); they are now one ``Image`` each. This script builds both forms of each from the
-same random data (the card's own builder for the image form; the per-cell form as the card drew it before),
+same random data (the card's own figure for the drift image; the per-cell form as the card drew it before),
 saves each as a standalone page, and in headless Chromium renders each page's document again ``--reps`` times
 into a fresh element, timing JSON → views → two animation frames (the figure's own setup included). Pages
 alternate, so each pair is read under the same load.
@@ -23,6 +23,7 @@ import tempfile
 import holoviews as hv
 import numpy as np
 import polars as pl
+from bokeh.io import save as bokeh_save
 from bokeh.resources import INLINE
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -44,6 +45,7 @@ RENDER = """async (reps) => {
 def pages(folder: pathlib.Path) -> dict[str, pathlib.Path]:
     """The four standalone pages (per-cell and image form of each heatmap)."""
     from trajscope.studies.drift import plots as dp
+    from trajscope.studies.drift.figures import HeatmapFigure
     from trajscope.studies.eviction.plots import EVICTED, KEPT
 
     hv.extension("bokeh")
@@ -59,8 +61,10 @@ def pages(folder: pathlib.Path) -> dict[str, pathlib.Path]:
     cells = hv.HeatMap(df.select("xstep", "layer", "score", "pos", "step").to_pandas(), kdims=["xstep", "layer"],
                        vdims=["score", "pos", "step"]).opts(cmap="RdBu_r", colorbar=True, tools=["hover"],
                                                            invert_yaxis=True)
-    forms = {"drift, a rectangle per cell (HeatMap)": cells,
-             "drift, one image (the card's drift_heatmap)": dp.drift_heatmap(drift, P, texts)}
+    heat = HeatmapFigure()  # the card's own figure, as the app draws it
+    heat.show(dp.heatmap_data(drift, P, texts))
+    heat.figure.update(sizing_mode="fixed", width=1100, height=600)
+    forms = {"drift, a rectangle per cell (HeatMap)": cells, "drift, one image (the card's HeatmapFigure)": heat.figure}
     kept = rng.random((rows, P)) < 0.5
     x0 = np.tile(np.arange(P), rows) - 0.5
     y0 = np.repeat(np.arange(rows), P) - 0.5
@@ -76,7 +80,10 @@ def pages(folder: pathlib.Path) -> dict[str, pathlib.Path]:
     forms.update({"kept keys, a rectangle per cell (Rectangles)": rect, "kept keys, one image": img})
     for i, (name, el) in enumerate(forms.items()):
         path = folder / f"form{i}.html"
-        hv.save(el.opts(responsive=False, width=1100, height=600, clone=True), path, resources=INLINE)
+        if isinstance(el, hv.core.Dimensioned):
+            hv.save(el.opts(responsive=False, width=1100, height=600, clone=True), path, resources=INLINE)
+        else:
+            bokeh_save(el, path, resources=INLINE, title=name)
         out[name] = path
     return out
 

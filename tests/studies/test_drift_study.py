@@ -70,7 +70,7 @@ def test_the_headline_is_one_value_on_the_card_in_the_report_and_in_the_marker(t
     view.settings.compute(traj)                                                         # the card's own run
     assert view.settings.result is not None, view.settings.message
     assert view.settings.result.summaries["decode_flagged"] == SENTINEL["decode_flagged"]
-    assert SHOWN in _html_of(view._plots(view.settings.drift, view.settings.message))   # the card
+    assert SHOWN in _html_of(view.__panel__()) and view.figures.visible                  # the card
 
 
 def test_the_headline_matches_an_independent_count(tiny_dirs, prompt_file, tmp_path):

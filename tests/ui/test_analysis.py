@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import holoviews as hv
 import numpy as np
 import polars as pl
 import pytest
@@ -60,29 +59,38 @@ def test_drift_plots_carry_the_scores(llama, profile_path):
     view = DriftView(state=AppState(), settings=DriftSettings(profile_path=str(profile_path)))
     view.state.set_trajectory(traj, step=0)
     drift = view.settings.drift
-    hm = dp.drift_heatmap(drift, traj.prompt_len, traj.tokens["text"].to_list())
-    hv.render(hm)  # draws
-    heat = hm.get(0)
+    data = dp.heatmap_data(drift, traj.prompt_len, traj.tokens["text"].to_list())
     # every score but the sink's (pos 0, shown apart: it would set the colour scale), each in its cell
     shown = drift.filter(pl.col("pos") > 0)
-    grid = heat.dimension_values("score", flat=False)
+    grid = data["grid"]
     assert np.isfinite(grid).sum() == shown.height
     for r in shown.iter_rows(named=True):  # the cell at x = the step axis of pos, y = layer
-        assert heat[r["pos"] - traj.prompt_len + 1, r["layer"]] == pytest.approx(r["score"], rel=1e-6)
-    curves = dp.drift_curves(drift, view.settings.thresholds, traj.prompt_len)
-    hlines = [el for el in curves if el.__class__.__name__ == "HLine"]
-    assert sorted(h.data for h in hlines) == sorted(view.settings.thresholds.values())
-    labels = [el.label for el in curves if el.__class__.__name__ == "Curve"]  # each layer's threshold in its legend entry
-    assert labels == [f"layer {k} (threshold {t:.2f})" for k, t in sorted(view.settings.thresholds.items())]
-    # the x-axis is the page's step axis: decode positions at their query step, layers only those that exist
-    assert heat.bounds.lbrt()[0] == 1 - traj.prompt_len + 1 - 0.5  # pos 1, the first shown, at its step axis
-    assert heat.bounds.lbrt()[2] == int(drift["pos"].max()) - traj.prompt_len + 1 + 0.5
-    hover = heat.opts.get().kwargs["tools"][0]  # the hover names the position, its token and its step
-    first = hover.formatters["$x"].args
+        x = r["pos"] - traj.prompt_len + 1
+        assert grid[r["layer"] - data["y0"], x - data["x_min"]] == pytest.approx(r["score"], rel=1e-6)
+    # the card's heatmap draws that grid, its cells centred on integer x (step axis) and y (layer), layer 0 on top
+    heat = view.heatmap
+    src = heat.source.data
+    assert np.array_equal(src["image"][0], grid, equal_nan=True)
+    assert src["x"][0] == 1 - traj.prompt_len + 1 - 0.5  # pos 1, the first shown, at its step axis
+    assert src["x"][0] + src["dw"][0] == int(drift["pos"].max()) - traj.prompt_len + 1 + 0.5
+    assert (src["y"][0], src["dh"][0]) == (-0.5, llama.n_layers)
+    yr = heat.figure.y_range
+    assert (yr.start, yr.end) == (llama.n_layers - 0.5, -0.5)
+    first = heat.hover.formatters["$x"].args  # the hover names the position, its token and its step
     assert first["origin"] == 2 - traj.prompt_len and first["labels"][0].startswith("1 ")
-    assert heat.opts.get().kwargs["ylim"] == (-0.5, llama.n_layers - 0.5)
-    lo, hi = heat.opts.get().kwargs["clim"]
-    assert abs((lo + hi) / 2 - 1.0) < 1e-9 or lo == 0.0  # diverging around 1 (the prefill-typical score)
+    lo, hi = heat.mapper.low, heat.mapper.high
+    assert abs((lo + hi) / 2 - 1.0) < 1e-9  # diverging around 1 (the prefill-typical score)
+    curves = view.curves
+    used = [i for i, line in enumerate(curves.lines) if line.visible]
+    assert sorted(curves.thresholds[i].location for i in used) == sorted(view.settings.thresholds.values())
+    labels = [curves.legend.items[i].label["value"] for i in used]  # each layer's threshold in its legend entry
+    assert labels == [f"layer {k} (threshold {t:.2f})" for k, t in sorted(view.settings.thresholds.items())]
+    for i in used:
+        d = curves.sources[i].data
+        layer = int(d["layer"][0])
+        want = shown.filter(pl.col("layer") == layer).sort("pos")
+        assert list(d["pos"]) == want["pos"].to_list() and np.allclose(d["score"], want["score"].to_numpy())
+    assert not any(item.visible for i, item in enumerate(curves.legend.items) if i not in used)
     # flags on the token strip: a per-token colouring metric
     assert "drift_flagged_layers" not in traj.tokens.columns  # the shared run is not modified
     flags = view.state.tokens().sort("pos")["drift_flagged_layers"].to_list()

@@ -6,7 +6,6 @@ import html
 import json
 import shutil
 
-import holoviews as hv
 import polars as pl
 import pytest
 from bokeh.document import Document
@@ -75,10 +74,12 @@ def test_labels_are_saved_beside_the_sae_and_shown_with_every_id(run, sae_copy):
     name = f"f{f} · for-loop header"
     assert "Saved" in view.card.message and view.card.header(f, 0) == f"### {md_text(name)}"
     assert name in view.chooser.options and view.top_table.value["name"][0] == name
-    g = int(view.timeline(view.message).opts.get().kwargs["yticks"][0][1][1:])  # the timeline's first feature
+    rows = view.timeline_fig.figure.yaxis.major_label_overrides
+    g = int(rows[0][1:])  # the timeline's first feature
     view.choose(g)
     view.card.label_text = "indent"
-    assert f"f{g} · indent" == view.timeline(view.message).opts.get().kwargs["yticks"][0][1]
+    assert view.timeline_fig.figure.yaxis.major_label_overrides[0] == f"f{g} · indent"
+    assert f"f{g} · indent" in view.timeline_fig.source.data["feature"]  # the hover too
     again = view_of(run, sae_copy)  # loaded with the SAE
     again.choose(f)
     assert again.card.label_text == "for-loop header"
@@ -100,28 +101,64 @@ def test_unwritable_sae_directory_says_so_and_keeps_the_label(run, sae_copy, mon
 
 
 def test_timeline_and_error_plot_use_steps_with_cursor_and_decode_line(run):
+    from bokeh.models import Span
+
     view = view_of(run)
     P = run.prompt_len
-    spans = [a[0] for c in view.cursors.values() for a in c.annotations]  # on the rendered figures
+    spans = [a[0] for c in view.cursors.values() for a in c.annotations]  # on the figures
     assert len(spans) == 2 and all(s.location == 0 for s in spans)
     view.state.step = 5
     assert all(s.location == 5 for s in spans)
-    for name in ("error", "timeline"):
-        plot = getattr(view, "error_plot" if name == "error" else "timeline")(view.message)
-        assert plot.opts.get().kwargs["xlabel"] == "step (0 = prefill)"
-        lines = [el for el in plot if isinstance(el, hv.VLine)]
-        assert [ln.data for ln in lines] == [0.5]  # decode starts between step 0 and step 1
-    rects = next(el for el in view.timeline(view.message) if isinstance(el, hv.Rectangles))
-    assert rects.opts.get().kwargs["clabel"] == "activation"
-    assert rects["step"].min() == 0 and rects["step"].max() == run.n_steps - 1
-    assert len(rects.opts.get().kwargs["tools"]) == 1  # one hover, with named fields (no "value: -")
-    curve = next(el for el in view.error_plot(view.message) if isinstance(el, hv.Curve))
-    assert list(curve["step"]) == list(range(run.n_steps))
-    assert curve["relative error"][0] == pytest.approx(view._enc["rel_err"][P - 1])
-    assert curve["relative error"][3] == pytest.approx(view._enc["rel_err"][P + 2])
+    for fig in (view.error_fig.figure, view.timeline_fig.figure):
+        assert fig.xaxis[0].axis_label == "step (0 = prefill)"
+        dashed = [a for a in fig.center if isinstance(a, Span) and a.dimension == "height" and a.line_dash]
+        assert [a.location for a in dashed] == [0.5]  # decode starts between step 0 and step 1
+    tl = view.timeline_fig
+    rects = tl.source.data
+    assert min(rects["step"]) == 0 and max(rects["step"]) == run.n_steps - 1
+    # each rectangle is an active (step, feature) of the encoding, at the feature's row
+    rows = {name: i for i, name in tl.figure.yaxis.major_label_overrides.items()}
+    f = view._enc["f"]
+    for s, name, y0, a in zip(rects["step"], rects["feature"], rects["y0"], rects["activation"]):
+        assert y0 == rows[name] - 0.5
+        assert f[P - 1 + int(s), int(name[1:])].item() == pytest.approx(a)
+    hovers = [t for t in tl.figure.tools if t.__class__.__name__ == "HoverTool"]
+    assert len(hovers) == 1 and [k for k, _ in hovers[0].tooltips] == ["step", "feature", "activation"]
+    assert tl.mapper.low == pytest.approx(min(rects["activation"])) and tl.figure.y_range.start > tl.figure.y_range.end
+    err = view.error_fig.source.data
+    assert list(err["step"]) == list(range(run.n_steps))
+    assert err["error"][0] == pytest.approx(view._enc["rel_err"][P - 1])
+    assert err["error"][3] == pytest.approx(view._enc["rel_err"][P + 2])
+    ref = view._enc["rel_err"][1:P]
+    band = view.error_fig.band
+    assert band.bottom == pytest.approx(ref.mean() - ref.std()) and band.top == pytest.approx(ref.mean() + ref.std())
     top = view._top_rows
     want = view._enc["features"].filter(pl.col("pos") == P + 4).sort("value", descending=True)
     assert top["feature"].to_list() == want["feature"].head(16).to_list()
+
+
+def test_a_new_run_replaces_the_figures_data_and_creates_no_model(run, sample_model):
+    view = view_of(run)
+    figs = (view.timeline_fig.figure, view.error_fig.figure)
+    before = {id(m) for fig in figs for m in fig.references()}
+    other = ts.capture(sample_model, "for i in range(3):\n    print(", max_new_tokens=5, residual_layers=[3])
+    view.state.set_trajectory(other, step=0)  # encoded at once without a server session
+    assert view._enc["rel_err"].shape[0] == other.residual(3).shape[0]
+    assert list(view.error_fig.source.data["step"]) == list(range(other.n_steps))
+    assert {id(m) for fig in figs for m in fig.references()} == before
+
+
+def test_the_summary_shows_the_comparison_and_without_features_a_box_says_why(run, tmp_path):
+    from trajscope.ui.views.features import comparison_table
+
+    view = view_of(run)
+    assert not view.alert.visible and all(part.visible for part in view._parts)
+    shown = fp.display_table(comparison_table(view._enc, run.prompt_len))
+    assert shown["fvu"][0] and f"<td>{shown['fvu'][0]}</td>" in view.summary_table.object
+    view.sae_path = str(tmp_path / "no-sae-here")
+    assert view._enc is None and view.message
+    assert view.alert.visible and view.alert.object == md_text(view.message)
+    assert not any(part.visible for part in view._parts)
 
 
 def test_tables_show_integers_and_short_floats():

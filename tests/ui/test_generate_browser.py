@@ -44,10 +44,12 @@ def test_sae_and_drift_show_plots_for_a_new_run(app_page):
     traj = app.state.trajectory
     assert traj.meta["prompt"].startswith("class Stack")
     page.locator(".bk-tab", has_text="SAE features").click()
-    wait_until(lambda: any("Feature timeline" in t for t in page.evaluate(TITLES)), page, timeout=TIMEOUT)
+    wait_until(lambda: app.features._enc is not None and any("Feature timeline" in t for t in page.evaluate(TITLES)),
+               page, timeout=TIMEOUT)
     assert app.features._enc is not None and app.features._enc["rel_err"].shape[0] == traj.residual(3).shape[0]
     page.locator(".bk-tab", has_text="Drift").click()
-    wait_until(lambda: any("Residual drift" in t for t in page.evaluate(TITLES)), page, timeout=TIMEOUT)
+    wait_until(lambda: app.study_cards["drift"].settings.drift is not None
+               and any("Residual drift" in t for t in page.evaluate(TITLES)), page, timeout=TIMEOUT)
     assert app.study_cards["drift"].settings.drift["pos"].max() >= traj.prompt_len
     # the step box shows the step on screen
     box = page.locator(".ts-step-box input")

@@ -17,21 +17,31 @@ def _drift(n_layers=30, n_pos=40, prompt_len=10, sink=75.0):
 
 
 def test_drift_scale_is_centred_at_one_and_not_set_by_the_sink():
+    from trajscope.studies.drift.figures import HeatmapFigure
+
     drift, P = _drift()
-    hm = dp.drift_heatmap(drift, P).get(0)
-    lo, hi = hm.opts.get().kwargs["clim"]
+    data = dp.heatmap_data(drift, P)
+    lo, hi = data["clim"]
     assert abs((lo + hi) / 2 - 1) < 1e-9 and hi < 3  # the sink (75) would make it 0–151
-    x_of_pos0 = 0 - P + 1  # the step axis: x = pos − P + 1
-    assert hm.bounds.lbrt()[0] == x_of_pos0 + 0.5 and "pos 0 (attention sink) left out" in hm.opts.get().kwargs["title"]
-    ticks = hm.opts.get().kwargs["yticks"]
+    assert data["x_min"] == 1 - P + 1 and data["sink_max"] == 75.0  # the step axis: x = pos − P + 1; pos 0 apart
+    fig = HeatmapFigure()
+    fig.show(data)
+    assert "pos 0 (attention sink) left out" in fig.figure.title.text
+    ticks = fig.ticker.ticks
     assert len(ticks) <= 16 and ticks[-1] == 29  # 30 labels would overlap
-    assert hm.opts.get().kwargs["height"] >= 14 * 30
+    assert fig.figure.height >= 14 * 30
 
 
 def test_drift_curves_keep_a_legend_that_fits():
+    from trajscope.studies.drift.figures import CurvesFigure
+
     drift, P = _drift()
-    curves = [e for e in dp.drift_curves(drift, {}, P).values() if e.label]
-    assert 1 < len(curves) <= len(ap.LAYER_COLORS)
+    data = dp.curves_data(drift, {}, P)
+    assert 1 < len(data["series"]) <= len(ap.LAYER_COLORS) and data["n_layers"] == 30
+    fig = CurvesFigure()
+    fig.show(data)
+    assert sum(item.visible for item in fig.legend.items) == len(data["series"])
+    assert f"({len(data['series'])} of 30 layers" in fig.figure.title.text
 
 
 def test_robust_clim_ignores_a_few_extremes():

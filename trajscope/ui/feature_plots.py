@@ -1,31 +1,25 @@
-"""Plot and table builders of the SAE card: frames and arrays in, HoloViews elements, frames or HTML out.
+"""The SAE card's data and tables: frames and arrays in, plot data, frames or HTML out.
 
-Pure functions (no Panel, no app state), as :mod:`trajscope.ui.plots`. The x axis
-of every step-indexed plot here is the *step*, as in the telemetry view: step 0
-is the prefill pass, drawn with the value at its last query (``pos = P − 1``),
-and decode step s ≥ 1 with the value at its query ``pos = P + s − 1``
-(:func:`trajscope.positions.query_pos`); all prompt positions together enter as
-the prefill reference (the green band, the prefill density). Decode starts
-between step 0 and step 1: the dashed line at x = 0.5. The step cursor is not
-drawn here; the view adds it as a Bokeh annotation that moves in place
-(:mod:`trajscope.ui.views._cursor`). Feature ids are shown through a ``names``
-mapping (``{feature: "f123 · label"}``), so labels appear wherever ids do.
+Pure functions (no Panel, no Bokeh, no app state). The figures that draw the plot data are
+built once per session in :mod:`trajscope.ui.feature_figures`. The x axis of every
+step-indexed plot is the *step*, as in the telemetry view: step 0 is the prefill pass,
+drawn with the value at its last query (``pos = P − 1``), and decode step s ≥ 1 with the
+value at its query ``pos = P + s − 1`` (:func:`trajscope.positions.query_pos`); all prompt
+positions together enter as the prefill reference (the green band, the prefill density).
+Decode starts between step 0 and step 1 (:data:`DECODE_START`). Feature ids are shown
+through a ``names`` mapping (``{feature: "f123 · label"}``), so labels appear wherever ids do.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-import holoviews as hv
 import numpy as np
 import polars as pl
-from bokeh.models import HoverTool
 
 from trajscope import positions
 from trajscope.escaping import html_text
 from trajscope.features.labels import feature_name
-from trajscope.ui.plots import PREFILL_COLOR
-
 DECODE_START = 0.5  # between step 0 (prefill) and step 1 (the first decode step)
 _VISIBLE = str.maketrans({"\n": "↵", "\t": "→", "\r": "␍"})
 
@@ -58,12 +52,16 @@ def top_features_table(features: pl.DataFrame, pos: int, names: Mapping[int, str
     return out
 
 
-def timeline_plot(features: pl.DataFrame, prompt_len: int, names: Mapping[int, str] | None = None,
-                  n_features: int = 20) -> hv.Overlay:
+def timeline_data(features: pl.DataFrame, prompt_len: int, names: Mapping[int, str] | None = None,
+                  n_features: int = 20) -> dict:
     """Feature × step map of the ``n_features`` features most often active over the steps' queries.
 
-    One rectangle per active (step, feature); inactive cells stay blank (no hover). The dashed line
-    marks where decode starts.
+    One rectangle per active (step, feature), the feature's row ``i`` spanning y ∈ [i − 0.5, i + 0.5];
+    inactive cells have none.
+
+    Returns:
+        ``{"rects": {x0, y0, x1, y1, activation, step, feature}, "rows": [names, first row first],
+        "last_step": the largest step shown (at least 1)}``.
     """
     rows = step_rows(features, prompt_len)
     top = rows.group_by("feature").len().sort(["len", "feature"], descending=[True, False]).head(n_features)["feature"]
@@ -71,38 +69,24 @@ def timeline_plot(features: pl.DataFrame, prompt_len: int, names: Mapping[int, s
     sub = rows.filter(pl.col("feature").is_in(top.implode()))
     s = sub["step"].to_numpy().astype(float)
     y = np.array([order[int(f)] for f in sub["feature"]], dtype=float)
-    data = {"x0": s - 0.5, "y0": y - 0.5, "x1": s + 0.5, "y1": y + 0.5, "activation": sub["value"].to_numpy(),
-            "step": sub["step"].to_numpy(), "feature": [_name(names, f) for f in sub["feature"]]}
-    hover = HoverTool(tooltips=[("step", "@step"), ("feature", "@feature"), ("activation", "@activation{0.00}")])
-    rects = hv.Rectangles(data, ["x0", "y0", "x1", "y1"], ["activation", "step", "feature"]).opts(
-        color="activation", cmap="viridis", colorbar=True, clabel="activation", line_alpha=0, tools=[hover],
-        default_tools=["pan", "wheel_zoom", "box_zoom", "reset", "save"])
-    n = max(1, len(top))
-    edge = hv.VLine(DECODE_START).opts(color=PREFILL_COLOR, line_dash="dashed", line_width=2)
-    return (rects * edge).opts(
-        responsive=True, height=max(260, 22 * n + 90), xlabel="step (0 = prefill)", ylabel="feature",
-        yticks=[(i, _name(names, f)) for i, f in enumerate(top)], ylim=(n - 0.5, -0.5), show_legend=False,
-        xlim=(-0.5, float(max(s.max() if len(s) else 0, 1)) + 0.5), shared_axes=False,
-        title=f"Feature timeline — the {len(top)} features most often active (dashed: decode starts)")
+    rects = {"x0": s - 0.5, "y0": y - 0.5, "x1": s + 0.5, "y1": y + 0.5,
+             "activation": sub["value"].cast(pl.Float64).to_numpy(), "step": sub["step"].cast(pl.Int64).to_numpy(),
+             "feature": [_name(names, f) for f in sub["feature"]]}
+    return {"rects": rects, "rows": [_name(names, f) for f in top], "last_step": int(max(s.max() if len(s) else 0, 1))}
 
 
-def error_plot(rel_err: np.ndarray, prompt_len: int) -> hv.Overlay:
-    """Relative reconstruction error ‖x − x̂‖² ÷ ‖x‖² by step, with the prefill mean ± s.d. (prompt positions ≥ 1).
+def error_data(rel_err: np.ndarray, prompt_len: int) -> dict:
+    """Relative reconstruction error ‖x − x̂‖² ÷ ‖x‖² by step, and the prefill mean and s.d. (prompt positions ≥ 1).
 
     Args:
         rel_err: ``[n_positions_computed]`` per-position error.
+    Returns:
+        ``{"step": [n_steps], "error": [n_steps] (at each step's query position), "mean": float, "sd": float}``.
     """
     steps = np.arange(0, len(rel_err) - prompt_len + 1)
-    y = rel_err[positions.query_pos(steps, prompt_len)]
     ref = rel_err[1:prompt_len] if prompt_len > 2 else rel_err[:prompt_len]
-    m, s = float(ref.mean()), float(ref.std())
-    band = hv.HSpan(m - s, m + s).opts(color="#2ca02c", alpha=0.15)
-    hover = HoverTool(tooltips=[("step", "@step"), ("relative error", "@{relative error}{0.000}")], mode="vline")
-    curve = hv.Curve((steps, y), "step", "relative error").opts(color="#1f77b4", tools=[hover])
-    return (band * hv.HLine(m).opts(color="#2ca02c", line_dash="dashed") * curve
-            * hv.VLine(DECODE_START).opts(color=PREFILL_COLOR, line_dash="dashed")).opts(
-        responsive=True, height=260, ylabel="‖x − x̂‖² ÷ ‖x‖²", xlabel="step (0 = prefill)", shared_axes=False,
-        title="SAE reconstruction error by step (green: prefill mean ± s.d.; dashed: decode starts)")
+    return {"step": steps, "error": np.asarray(rel_err)[positions.query_pos(steps, prompt_len)].astype(np.float64),
+            "mean": float(ref.mean()), "sd": float(ref.std())}
 
 
 def display_table(df: pl.DataFrame, digits: int = 3) -> pl.DataFrame:
@@ -157,8 +141,3 @@ def contexts_html(examples: pl.DataFrame) -> str:
                     f"{ctx}</td></tr>")
     return (f"<table class='ts-contexts' style='border-collapse:collapse;font-size:0.85em'><thead><tr>{head}</tr>"
             f"</thead><tbody>{''.join(body)}</tbody></table>")
-
-
-def no_data(message: str) -> hv.Text:
-    """An empty plot carrying ``message``."""
-    return hv.Text(0, 0, message).opts(responsive=True, height=120, xaxis=None, yaxis=None, toolbar=None)

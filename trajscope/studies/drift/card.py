@@ -3,7 +3,9 @@
 :class:`DriftView` runs :func:`~trajscope.studies.drift.study.score_run` on the app's current run
 (off the event loop) and shows what its :class:`~trajscope.studies.registry.Result` holds: the
 headline numbers (:mod:`trajscope.studies.drift.summary`), a layer × position heatmap of the
-drift score against the prefill profile and per-layer curves with the calibrated thresholds.
+drift score against the prefill profile and per-layer curves with the calibrated thresholds
+(figures built once per session, :mod:`trajscope.studies.drift.figures`: a new run replaces
+their data).
 It adds ``drift_flagged_layers`` and ``drift_score_max`` to the run's tokens so the token strip
 can be coloured by them. The drift score treats dimensions independently (a triage proxy), and
 the card says so. :func:`card` is the registered card factory.
@@ -16,7 +18,8 @@ import param
 
 from trajscope.errors import TrajscopeError
 from trajscope.escaping import md_text
-from trajscope.studies.drift import plots as ap
+from trajscope.studies.drift import plots as dp
+from trajscope.studies.drift.figures import CurvesFigure, HeatmapFigure
 from trajscope.studies.drift.section import PROXY, headline_html
 from trajscope.studies.drift.state import DriftSettings
 from trajscope.ui import artefacts
@@ -35,11 +38,27 @@ class DriftView(StateView):
         params.setdefault("settings", DriftSettings())
         super().__init__(**params)
         self._ticket = 0
-        self.cursor: Cursor | None = None
+        self.heatmap, self.curves = HeatmapFigure(), CurvesFigure()  # built once; a run replaces their data
+        self.cursor = Cursor([vline()], lambda step: [{"location": float(step)}])  # one line on each figure
+        self.cursor.step = self.state.step
+        for fig in (self.heatmap, self.curves):
+            self.cursor.attach(fig.figure)
+        heat = pn.pane.Bokeh(self.heatmap.figure, sizing_mode="stretch_width")
+        curves = pn.pane.Bokeh(self.curves.figure, sizing_mode="stretch_width")
+        self._panes = [heat, curves]  # pushed to Jupyter when the cursor moves
+        self.alert = pn.pane.Alert("", alert_type="secondary")  # why there is no drift to show
+        self.note = pn.pane.Alert("", alert_type="info", css_classes=["ts-drift-note"], visible=False)
+        self.head = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["ts-drift-headline"])
+        # a Bokeh pane shows its figure as is: the classes (for tests and styling) go on wrappers
+        self.figures = pn.Column(self.head, pn.Column(heat, css_classes=["ts-drift-heatmap"], sizing_mode="stretch_width"),
+                                 pn.Column(curves, css_classes=["ts-drift-curves"], sizing_mode="stretch_width"),
+                                 sizing_mode="stretch_width", visible=False)
         self.state.param.watch(self._recompute, "revision")
-        self.state.param.watch(lambda e: self.cursor and self.cursor.set_step(e.new), "step")
+        self.state.param.watch(lambda e: self.cursor.set_step(e.new, *self._panes), "step")
         self.settings.param.watch(self._recompute, "profile_path")
+        self.settings.param.watch(self._draw, ["drift", "message"])
         self._recompute()
+        self._draw()
 
     def _recompute(self, *_) -> None:
         """Score the run off the event loop; tell the state which layers the profile scores."""
@@ -98,28 +117,29 @@ class DriftView(StateView):
                 self.state.add_token_columns(per)
         self.settings.show(res, message)
 
-    def _plots(self, drift, message):
-        st = self.state
-        if drift is None:
-            return pn.pane.Alert(md_text(message or "No drift to show."), alert_type="secondary")
-        traj = st.trajectory
-        P, texts = traj.prompt_len, traj.tokens["text"].to_list()
-        self.cursor = Cursor([vline()], lambda step: [{"location": step}])  # one line on each figure
-        self.cursor.step = st.step
-        heat = ap.drift_heatmap(drift, P, texts).opts(hooks=[self.cursor.hook])
-        curves = ap.drift_curves(drift, self.settings.thresholds, P, texts).opts(hooks=[self.cursor.hook])
-        note = [pn.pane.Alert(message, alert_type="info", css_classes=["ts-drift-note"])] if message else []
-        res = self.settings.result
-        head = pn.pane.HTML(headline_html(res.summaries if res is not None else {}), sizing_mode="stretch_width",
-                            css_classes=["ts-drift-headline"])
-        return pn.Column(*note, head, pn.pane.HoloViews(heat, sizing_mode="stretch_width"),
-                         pn.pane.HoloViews(curves, sizing_mode="stretch_width"), sizing_mode="stretch_width")
+    def _draw(self, *_) -> None:
+        """Put the scored run in the figures and the headline, or say why there is none (the figures then keep
+        their last data, hidden)."""
+        s, traj = self.settings, self.state.trajectory
+        drift, message = s.drift, s.message
+        if drift is not None and traj is not None:
+            P, texts = traj.prompt_len, traj.tokens["text"].to_list()
+            self.heatmap.show(dp.heatmap_data(drift, P, texts))
+            self.curves.show(dp.curves_data(drift, s.thresholds, P, texts))
+            self.cursor.set_step(self.state.step, *self._panes)
+            self.head.object = headline_html(s.result.summaries if s.result is not None else {})
+            self.note.object = md_text(message)
+        else:
+            self.alert.object = md_text(message or "No drift to show.")
+        shown = drift is not None and traj is not None
+        self.note.visible = shown and bool(message)
+        self.alert.visible = not shown
+        self.figures.visible = shown
 
     def __panel__(self):
         path = pn.widgets.TextInput.from_param(self.settings.param.profile_path, name="Profile", sizing_mode="stretch_width")
-        return pn.Column(pn.pane.Markdown(PROXY_NOTE, styles={"font-size": "12px"}), path,
-                         pn.bind(self._plots, self.settings.param.drift, self.settings.param.message),
-                         sizing_mode="stretch_width")
+        return pn.Column(pn.pane.Markdown(PROXY_NOTE, styles={"font-size": "12px"}), path, self.alert, self.note,
+                         self.figures, sizing_mode="stretch_width")
 
 
 def card(state) -> DriftView:

@@ -1,24 +1,19 @@
-"""Plot builders of the Drift card: a run's drift table in, HoloViews out. Pure.
+"""Plot data of the Drift card: a run's drift table in, arrays and labels out. Pure.
 
-A layer × position heatmap of the drift score (diagonal Mahalanobis distance to the prefill
-profile ÷ √d; ≈ 1 in distribution) with the prefill/decode boundary, and per-layer curves with
-each layer's calibrated threshold.
+A layer × position grid of the drift score (diagonal Mahalanobis distance to the prefill
+profile ÷ √d; ≈ 1 in distribution), and per-layer series with each layer's calibrated
+threshold. The figures that draw them are built once per session
+(:mod:`trajscope.studies.drift.figures`).
 """
 
 from __future__ import annotations
 
-import holoviews as hv
 import numpy as np
 import polars as pl
 
 from trajscope import positions
-from trajscope.ui.analysis_plots import (
-    LAYER_COLORS,
-    STEP_AXIS,
-    layer_ticks,
-    robust_clim,
-)
-from trajscope.ui.plots import integer_hover, position_labels, visible
+from trajscope.ui.analysis_plots import LAYER_COLORS, layer_ticks, robust_clim
+from trajscope.ui.plots import position_labels, visible
 
 
 def _drift_frame(drift: pl.DataFrame, prompt_len: int, texts: list[str] | None) -> pl.DataFrame:
@@ -29,29 +24,29 @@ def _drift_frame(drift: pl.DataFrame, prompt_len: int, texts: list[str] | None) 
     return df.with_columns(pl.Series("token", tok, dtype=pl.String))
 
 
-def drift_heatmap(drift: pl.DataFrame, prompt_len: int, texts: list[str] | None = None) -> hv.Overlay:
-    """Layer × step heatmap of the drift score, diverging around 1 (the prefill-typical value).
+def heatmap_data(drift: pl.DataFrame, prompt_len: int, texts: list[str] | None = None) -> dict:
+    """Layer × step grid of the drift score, with its colour range (diverging around 1, the prefill-typical value).
 
-    One image (a glyph per cell made 3,000+ rectangles on SmolLM2's chat runs); cells without a score are blank.
+    Cells without a score are NaN. Position 0 (the attention sink) is left out: its residual is far from
+    everything and would set the scale.
 
     Args:
         drift: :func:`trajscope.metrics.profile_drift.profile_drift_table` rows (pos, layer, score).
         prompt_len: P. x is :func:`~trajscope.positions.step_axis` (decode positions at their step, the
-            prompt to the left of a dashed line at step 0.5).
+            prompt to the left of step 0.5).
         texts: token text per position, for the hover.
     Returns:
-        ``Image`` (x = step axis, y = layer; y = the layer's row when the layers are not consecutive, labelled by
-        layer) with the prompt/decode boundary.
+        ``grid`` ``[n_rows, n_x]`` (row i = ``layers[i]``, column j = x ``x_min + j``), ``x_min``, ``x_max``,
+        ``y0`` (the y of row 0: the first layer when the layers are consecutive, else 0 and y is the row),
+        ``layers``, ``yticks`` ``[(y, label)]``, ``clim``, ``x_labels`` (``"<token>, step s"`` per x),
+        ``y_labels``, ``sink_max`` (pos 0's largest score, or None).
     """
     df = _drift_frame(drift, prompt_len, texts)
     sink = df.filter(pl.col("pos") == 0)
-    df = df.filter(pl.col("pos") > 0)  # the sink's residual is far from everything: apart, or it sets the scale
+    df = df.filter(pl.col("pos") > 0)
     layers = sorted(df["layer"].unique().to_list())
-    lo, hi = robust_clim(df["score"].to_numpy(), centre=1.0)
-    note = (f"; pos 0 (attention sink) left out: score up to {float(sink['score'].max()):.0f}" if len(sink) else "")
     x_min, x_max = (int(df["x"].min()), int(df["x"].max())) if df.height else (0, 0)
     consecutive = layers == list(range(layers[0], layers[-1] + 1)) if layers else True
-    y0 = layers[0] if layers and consecutive else 0  # y of the first row
     row = {layer: i for i, layer in enumerate(layers)}
     grid = np.full((max(1, len(layers)), x_max - x_min + 1), np.nan)
     grid[[row[v] for v in df["layer"].to_list()], (df["x"].to_numpy() - x_min)] = df["score"].to_numpy()
@@ -60,54 +55,36 @@ def drift_heatmap(drift: pl.DataFrame, prompt_len: int, texts: list[str] | None 
     for x in range(x_min, x_max + 1):
         pos = x + prompt_len - 1  # the inverse of the step axis
         x_labels.append(f"{named[pos] if pos < len(named) else pos}, step {positions.query_step(pos, prompt_len)}")
-    y_labels = [str(v) for v in layers]
-    hover = integer_hover([("pos", "$x{custom}"), ("layer", "$y{custom}"), ("drift score", "@image{0.00}")],
-                          {"$x": x_labels, "$y": y_labels}, origin={"$x": x_min, "$y": y0})
     ticks = layer_ticks(layers)
-    yticks = ticks if consecutive else [(row[v], str(v)) for v in ticks]
-    n = len(layers)
-    hm = hv.Image(grid[::-1], bounds=(x_min - 0.5, y0 - 0.5, x_max + 0.5, y0 + n - 0.5),
-                  kdims=[hv.Dimension("xstep", label="x"), "layer"], vdims=["score"]).opts(
-        cmap="RdBu_r", clim=(lo, hi), clipping_colors={"min": "#053061", "max": "#67001f", "NaN": "white"},
-        colorbar=True, responsive=True, height=max(230, 14 * n + 90), tools=[hover], xlabel=STEP_AXIS,
-        ylabel="layer", invert_yaxis=True, yticks=yticks, ylim=(y0 - 0.5, y0 + n - 0.5), toolbar="right",
-        title=f"Residual drift vs prefill profile (diag. Mahalanobis / √d; 1 = typical, red = further){note}",
-        colorbar_opts={"title": "drift score (clipped at the 99th percentile)"})
-    edge = hv.VLine(0.5).opts(color="black", line_dash="dashed", line_width=1.5)
-    return hm * edge
+    return {"grid": grid, "x_min": x_min, "x_max": x_max, "y0": layers[0] if layers and consecutive else 0,
+            "layers": layers, "yticks": [(v if consecutive else row[v], str(v)) for v in ticks],
+            "clim": robust_clim(df["score"].to_numpy(), centre=1.0), "x_labels": x_labels,
+            "y_labels": [str(v) for v in layers], "sink_max": float(sink["score"].max()) if len(sink) else None}
 
 
-def drift_curves(drift: pl.DataFrame, thresholds: dict[int, float], prompt_len: int,
-                 texts: list[str] | None = None) -> hv.Overlay:
-    """Drift score over steps, one curve per layer, each with its calibrated threshold (dotted, same colour,
-    its value in the legend).
+def curves_data(drift: pl.DataFrame, thresholds: dict[int, float], prompt_len: int,
+                texts: list[str] | None = None) -> dict:
+    """Drift score over steps, one series per shown layer with its calibrated threshold.
 
-    Args:
-        drift: rows (pos, layer, score).
-        thresholds: ``{layer: threshold}`` from the profile.
-        prompt_len: P; x as in :func:`drift_heatmap`.
+    At most ``len(LAYER_COLORS)`` layers are shown (a legend of 30 would not fit; :func:`layer_ticks`
+    picks them); pos 0 is left out, as in :func:`heatmap_data`.
+
+    Returns:
+        ``series``: per shown layer ``{"layer", "color", "label", "threshold" (or None), "data": {x, score, pos,
+        step, token, layer}}``; ``ylim``; ``n_layers`` (all layers scored).
     """
-    df = _drift_frame(drift, prompt_len, texts).filter(pl.col("pos") > 0)  # the sink apart, as in the heatmap
-    items = []
+    df = _drift_frame(drift, prompt_len, texts).filter(pl.col("pos") > 0)
     every = sorted(df["layer"].unique().to_list())
-    shown = layer_ticks(every, max_ticks=len(LAYER_COLORS))  # a legend of 30 layers would not fit
+    shown = layer_ticks(every, max_ticks=len(LAYER_COLORS))
     lo, hi = robust_clim(df["score"].to_numpy(), q=99.5)
+    series = []
     for i, layer in enumerate(shown):
-        color = LAYER_COLORS[i % len(LAYER_COLORS)]
         sub = df.filter(pl.col("layer") == layer).sort("pos")
         t = thresholds.get(layer)
-        name = f"layer {layer}" + (f" (threshold {t:.2f})" if t is not None else "")
-        items.append(hv.Curve(sub.select("x", "score", "pos", "step", "token").to_pandas(),
-                              kdims=[hv.Dimension("x", label="x")], vdims=["score", "pos", "step", "token"],
-                              label=name).opts(
-            color=color, line_width=1.5, tools=["hover"],
-            hover_tooltips=[("layer", str(layer)), ("pos", "@pos"), ("step", "@step"), ("token", "@token"),
-                            ("drift score", "@score{0.00}")]))
-        if t is not None:
-            items.append(hv.HLine(float(t)).opts(color=color, line_dash="dotted", line_width=1.5))
-    items.append(hv.VLine(0.5).opts(color="#6c757d", line_dash="dashed"))
-    some = "" if len(shown) == len(every) else f" ({len(shown)} of {len(every)} layers; pos 0 left out)"
-    return hv.Overlay(items).opts(
-        responsive=True, height=max(300, 26 * len(shown) + 90), legend_position="right", xlabel=STEP_AXIS,
-        ylabel="drift score", ylim=(min(0.0, lo), hi * 1.1), toolbar="right",
-        title=f"Drift by layer{some}; dotted = that layer's threshold, calibrated on held-out prefill")
+        series.append({"layer": layer, "color": LAYER_COLORS[i % len(LAYER_COLORS)],
+                       "label": f"layer {layer}" + (f" (threshold {t:.2f})" if t is not None else ""),
+                       "threshold": None if t is None else float(t),
+                       "data": {"x": sub["x"].to_numpy(), "score": sub["score"].cast(pl.Float64).to_numpy(),
+                                "pos": sub["pos"].to_numpy(), "step": sub["step"].to_numpy(),
+                                "token": sub["token"].to_list(), "layer": [str(layer)] * sub.height}})
+    return {"series": series, "ylim": (min(0.0, lo), hi * 1.1), "n_layers": len(every)}

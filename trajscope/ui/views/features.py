@@ -10,7 +10,8 @@ a reference band (both with the step cursor and the decode-start line), a
 prefill-vs-decode comparison (FVU, L0, top-64 Jaccard and Spearman of feature
 frequencies), and the card of the chosen feature (:mod:`.feature_card`): its
 label, its density in prefill and decode, its top contexts from the SAE's index.
-Plot builders live in :mod:`trajscope.ui.feature_plots`.
+The plot data and tables come from :mod:`trajscope.ui.feature_plots`; the two figures are built
+once per session (:mod:`trajscope.ui.feature_figures`) and a new run only replaces their data.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from trajscope.escaping import md_text
 from trajscope.ui import artefacts
 from trajscope.ui.artefacts import FeatureIndex, FeatureLabels, density_table, sample_data_dir
 from trajscope.ui import feature_plots as fp
-from trajscope.ui.tables import table_pane
+from trajscope.ui.feature_figures import ErrorFigure, TimelineFigure
+from trajscope.ui.tables import STYLE as TABLE_STYLE, frame_html
 from trajscope.ui.views._base import StateView, in_background
 from trajscope.ui.views._cursor import Cursor, vline
 from trajscope.ui.views.feature_card import FeatureCard
@@ -95,8 +97,25 @@ class FeaturesView(StateView):
         self._sae_loaded_from = None
         self._ticket = 0
         self.card = FeatureCard()
+        self.timeline_fig, self.error_fig = TimelineFigure(), ErrorFigure()  # built once; a run replaces their data
         self.cursors: dict[str, Cursor] = {}
-        self._panes: list = []
+        for name, fig in (("timeline", self.timeline_fig), ("error", self.error_fig)):
+            c = self.cursors[name] = Cursor([vline()], lambda s: [{"location": float(s)}])
+            c.step = self.state.step
+            c.attach(fig.figure)
+        err = pn.pane.Bokeh(self.error_fig.figure, sizing_mode="stretch_width")
+        tl = pn.pane.Bokeh(self.timeline_fig.figure, sizing_mode="stretch_width")
+        self._panes = [err, tl]  # pushed to Jupyter when the cursors move
+        # what is shown with an encoded run (the figures' classes, for tests and styling, go on wrappers: a
+        # Bokeh pane shows its figure as is), and the box that says why there is none
+        self.summary_table = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["ts-sae-summary"],
+                                          stylesheets=[TABLE_STYLE], styles={"overflow-x": "auto"})
+        self._parts = [pn.Column(err, sizing_mode="stretch_width", css_classes=["ts-sae-error"], visible=False),
+                       pn.Column(tl, sizing_mode="stretch_width", css_classes=["ts-sae-timeline"], visible=False),
+                       pn.Column(pn.pane.Markdown("**Prefill vs decode** (this run; FVU = E‖x−x̂‖² / E‖x−E[x]‖²)"),
+                                 self.summary_table, sizing_mode="stretch_width", visible=False)]
+        self.alert = pn.pane.Alert("", alert_type="secondary")
+        self.param.watch(self._show, "message")
         self.top_table = pn.widgets.Tabulator(pl.DataFrame({"feature": [], "name": []}).to_pandas(), disabled=True,
                                               show_index=False, selectable=1, height=300, width=460,
                                               layout="fit_columns",  # fit_data re-measured without end (tab at 100% CPU)
@@ -169,7 +188,7 @@ class FeaturesView(StateView):
     def _names_changed(self, *_) -> None:
         self._refresh_chooser()
         self._refresh_top()
-        self.param.trigger("message")  # redraw the timeline with the new names
+        self._draw(error=False)  # the timeline's rows carry the names
 
     # -- encoding ------------------------------------------------------------------------------
     def _recompute(self, *_) -> None:
@@ -197,7 +216,7 @@ class FeaturesView(StateView):
     def _apply(self, ticket: int, result) -> None:
         if ticket != self._ticket:
             return
-        self._enc, self.message = result
+        self._enc, message = result
         if self._enc is not None:
             P = self.state.trajectory.prompt_len
             is_dec = np.arange(self._enc["f"].shape[0]) >= P
@@ -208,7 +227,11 @@ class FeaturesView(StateView):
         self._refresh_top()
         if self.card.feature is None and len(self._top_rows):
             self.choose(self._top_rows["feature"][0])
-        self.param.trigger("message")
+        self._draw()
+        if self.message == message:
+            self._show()
+        else:
+            self.message = message  # its watcher shows it
 
     # -- step-following parts (updated in place) -----------------------------------------------
     def _refresh_chooser(self) -> None:
@@ -245,45 +268,38 @@ class FeaturesView(StateView):
         for c in self.cursors.values():
             c.set_step(event.new, *self._panes)
 
-    def _cursor(self, name: str, base):
-        c = Cursor([vline()], lambda s: [{"location": float(s)}])
-        c.step = self.state.step
-        self.cursors[name] = c
-        return base.opts(hooks=[c.hook])
-
     # -- layout --------------------------------------------------------------------------------
-    def error_plot(self, message):
+    def _draw(self, error: bool = True) -> None:
+        """Put the encoded run in the figures (the error curve too, unless ``error`` is False); without one,
+        the figures keep their last data and are hidden (the box below them says why)."""
         if self._enc is None:
-            return fp.no_data(self.message or "No features.")
-        return self._cursor("error", fp.error_plot(self._enc["rel_err"], self.state.trajectory.prompt_len))
+            return
+        P = self.state.trajectory.prompt_len
+        self.timeline_fig.show(fp.timeline_data(self._enc["features"], P, self._names()))
+        if error:
+            self.error_fig.show(fp.error_data(self._enc["rel_err"], P))
+        for c in self.cursors.values():
+            c.set_step(self.state.step, *self._panes)
 
-    def timeline(self, message):
-        if self._enc is None:
-            return fp.no_data("")
-        base = fp.timeline_plot(self._enc["features"], self.state.trajectory.prompt_len, self._names())
-        return self._cursor("timeline", base)
-
-    def _summary(self, message):
-        if self._enc is None:
-            return pn.pane.Alert(md_text(self.message or "No features."), alert_type="secondary")
-        table = fp.display_table(comparison_table(self._enc, self.state.trajectory.prompt_len))
-        return pn.Column(pn.pane.Markdown("**Prefill vs decode** (this run; FVU = E‖x−x̂‖² / E‖x−E[x]‖²)"),
-                         table_pane(table, css_class="ts-sae-summary"), sizing_mode="stretch_width")
+    def _show(self, *_) -> None:
+        """Show the encoded run's figures and prefill-vs-decode table, or the box that says why there are none."""
+        enc = self._enc
+        if enc is None:
+            self.alert.object = md_text(self.message or "No features.")
+        else:
+            table = comparison_table(enc, self.state.trajectory.prompt_len)
+            self.summary_table.param.update(object=frame_html(table), height=48 + 26 * len(table))
+        self.alert.visible = enc is None
+        for part in self._parts:
+            part.visible = enc is not None
 
     def __panel__(self):
         path = pn.widgets.TextInput.from_param(self.param.sae_path, name="SAE", sizing_mode="stretch_width")
-        err = pn.pane.HoloViews(pn.bind(self.error_plot, self.param.message), sizing_mode="stretch_width",
-                                linked_axes=False)
-        tl = pn.pane.HoloViews(pn.bind(self.timeline, self.param.message), sizing_mode="stretch_width",
-                               linked_axes=False)
-        self._panes += [err, tl]
-        for pane in (err, tl):  # without features the plots are hidden: the box below says why
-            pane.visible = pn.bind(lambda *_: self._enc is not None, self.param.message)
         top = pn.Column(pn.pane.Markdown("**Top features at the current step** (open one with the Feature "
                                          "chooser below)"), self.top_html, sizing_mode="stretch_width")
         card = pn.Column(self.chooser, self.card, sizing_mode="stretch_width",
                          styles={"border-top": "1px solid #ddd"})
+        err, tl, summary = self._parts
         # stacked, not side by side: a table beside a responsive plot in one Row made Bokeh re-lay the
         # page out without end at some widths (the browser tab at 100% CPU)
-        return pn.Column(path, top, err, tl,
-                         pn.bind(self._summary, self.param.message), card, sizing_mode="stretch_width")
+        return pn.Column(path, top, err, tl, self.alert, summary, card, sizing_mode="stretch_width")
