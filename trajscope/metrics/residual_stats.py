@@ -90,16 +90,7 @@ def _n_massive(x, max_abs, median_abs, dtype, pooled):
     if idx.numel() == 0:  # the median only matters where some |x| passes the absolute bar
         return n_massive.reshape(max_abs.shape)
     ax = x.reshape(-1, d).index_select(0, idx).abs()  # [k, d]
-    if median_abs is None and pooled:
-        med = x.abs().reshape(-1).median()
-    elif median_abs is None:
-        med = ax.median(-1).values.unsqueeze(-1)
-    else:
-        med = torch.as_tensor(median_abs, dtype=dtype, device=x.device)
-        if med.dim() > 0:
-            med = torch.broadcast_to(med, max_abs.shape).reshape(-1).index_select(0, idx).unsqueeze(-1)
-    # |x| > 100 and |x| > 1000 × m  ⟺  |x| > max(100, 1000 × m) (a NaN m fails both ways), counted as above
-    bar = torch.maximum(MASSIVE_RATIO * med, torch.tensor(MASSIVE_ABS, dtype=dtype, device=x.device))
+    bar = _massive_bar(ax, median_abs, max_abs.shape, dtype, pooled, whole=x, idx=idx)
     counts = torch.gt(ax, bar, out=ax).sum(-1)
     return n_massive.index_copy_(0, idx, counts).reshape(max_abs.shape)
 
@@ -110,13 +101,31 @@ def _n_massive_dense(x, median_abs, dtype, pooled):
     is at most the absolute bar counts nothing either way, and each reference median is the same element.
     """
     ax = x.abs()
+    bar = _massive_bar(ax, median_abs, x.shape[:-1], dtype, pooled)
+    return torch.gt(ax, bar, out=ax).sum(-1)
+
+
+def _massive_bar(ax, median_abs, shape, dtype, pooled, whole=None, idx=None):
+    """The massive rule's bar per vector: |x| > 100 and |x| > 1000 × m  ⟺  |x| > max(100, 1000 × m) (a NaN m
+    fails both ways).
+
+    Args:
+        ax: |x| of the vectors compared, ``[k, d]`` (the block's vectors ``idx``) or the whole block.
+        median_abs: the caller's reference median (scalar or per vector, broadcast to ``shape``), or None.
+        shape: the block's vector shape (``x.shape[:-1]``).
+        pooled: with ``median_abs=None``, m is the median |x| over the whole block (``whole``, else ``ax``).
+        whole: the whole block, when ``ax`` holds only some of its vectors.
+        idx: which of the block's vectors (flattened) ``ax``'s rows are; None: all, in order.
+    Returns:
+        a tensor that broadcasts against ``ax``.
+    """
     if median_abs is None and pooled:
-        med = ax.reshape(-1).median()
+        med = (ax if whole is None else whole.abs()).reshape(-1).median()
     elif median_abs is None:
         med = ax.median(-1).values.unsqueeze(-1)
     else:
-        med = torch.as_tensor(median_abs, dtype=dtype, device=x.device)
+        med = torch.as_tensor(median_abs, dtype=dtype, device=ax.device)
         if med.dim() > 0:
-            med = torch.broadcast_to(med, x.shape[:-1]).unsqueeze(-1)
-    bar = torch.maximum(MASSIVE_RATIO * med, torch.tensor(MASSIVE_ABS, dtype=dtype, device=x.device))
-    return torch.gt(ax, bar, out=ax).sum(-1)
+            med = torch.broadcast_to(med, shape)
+            med = (med if idx is None else med.reshape(-1).index_select(0, idx)).unsqueeze(-1)
+    return torch.maximum(MASSIVE_RATIO * med, torch.tensor(MASSIVE_ABS, dtype=dtype, device=ax.device))
