@@ -424,6 +424,47 @@ def test_hidden_tabs_defer_their_analyses_until_opened(sample_model, fresh_model
     assert app.study_cards["drift"].settings.drift is not None and app.study_cards["drift"].settings.drift["pos"].max() >= traj.prompt_len
 
 
+def test_an_opened_tab_has_its_short_analysis_before_the_tabs_draw_it(sample_model, fresh_models, monkeypatch):
+    """Opening the SAE or Drift tab runs its deferred analysis of a short run before the Tabs build the tab's
+    models (one drawing, with the result), marked as opening; a long run would go to a thread instead."""
+    import panel as pn
+
+    from trajscope.ui.views import _base
+
+    runner._MODELS[("sample", False, None)] = sample_model
+    seen = []
+    real = pn.Tabs._update_active
+    monkeypatch.setattr(pn.Tabs, "_update_active", lambda self, *e: (seen.append(
+        (app.features._enc is not None, app.study_cards["drift"].settings.drift is not None)), real(self, *e))[1])
+    app = TrajScope(max_new_tokens=6, prompt="import sys\n")
+    app.main()
+    wait_job(app.controls.generate(dispatch=lambda fn: fn()))
+    assert _base.short_run(app.state.trajectory)
+    opening = []
+    encode = _base.in_background
+    monkeypatch.setattr("trajscope.ui.views.features.in_background",
+                        lambda *a, **k: (opening.append((app.features.opening, k.get("inline"))), encode(*a, **k))[1])
+    titles = list(app.tabs._names)
+    app.tabs.active = titles.index("SAE features")
+    assert seen[-1] == (True, False) and opening == [(True, True)]
+    app.tabs.active = titles.index("Drift")
+    assert seen[-1] == (True, True)
+    assert not app.features.opening
+    monkeypatch.setattr(_base, "INLINE_POSITIONS", 4)
+    assert not _base.short_run(app.state.trajectory)
+
+
+def test_in_background_inline_runs_now_on_the_calling_thread():
+    from types import SimpleNamespace
+
+    from trajscope.ui.views._base import in_background
+
+    served = SimpleNamespace(session_context=object())  # a served session's document
+    got = []
+    in_background(lambda: threading.current_thread().name, got.append, got.append, doc=served, inline=True)
+    assert got == [threading.current_thread().name]
+
+
 def test_redraw_once_recomputes_the_model_graph_only_when_models_change(monkeypatch):
     """A data-only update (the Overview's figures) costs no model-graph recompute; a model swap costs one."""
     from bokeh.document import Document

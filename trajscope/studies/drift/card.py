@@ -23,7 +23,7 @@ from trajscope.studies.drift.figures import CurvesFigure, HeatmapFigure
 from trajscope.studies.drift.section import PROXY, headline_html
 from trajscope.studies.drift.state import DriftSettings
 from trajscope.ui import artefacts
-from trajscope.ui.views._base import StateView, in_background
+from trajscope.ui.views._base import StateView, in_background, short_run
 from trajscope.ui.views._cursor import Cursor, vline
 
 PROXY_NOTE = PROXY
@@ -80,9 +80,12 @@ class DriftView(StateView):
         if self.defer(self._recompute):  # the Drift tab is hidden: score the run when it is opened
             s.show(None, "Scoring the run against the profile…")
             return
-        s.show(None, "Scoring the run against the profile…")
+        # being opened, a short run is scored at once (tens of ms), so the tab is drawn once, with its result
+        inline = self.opening and short_run(traj)
+        if not inline:
+            s.show(None, "Scoring the run against the profile…")
         in_background(lambda: s.score(traj, prof), lambda res: self._apply(ticket, traj, res),
-                      lambda msg: self._apply(ticket, traj, (None, msg)), what="Drift scoring")
+                      lambda msg: self._apply(ticket, traj, (None, msg)), what="Drift scoring", inline=inline)
 
     def _misfit(self, traj) -> bool:
         """When the profile does not fit the run's model: switch to a shipped one that does, or say none does.

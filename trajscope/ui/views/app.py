@@ -68,6 +68,22 @@ def ensure_extension() -> None:
         pn.extension("tabulator", notifications=True, inline=os.environ.get("TRAJSCOPE_CDN") != "1")
 
 
+class CardTabs(pn.Tabs):
+    """``pn.Tabs`` that call ``before_show()`` when the active tab changes, before drawing the newly active one.
+
+    The app tells its views there which one is shown (:attr:`StateView.shown`), so that a card whose
+    deferred analysis is short has its result when its models are built and is drawn once. (A param
+    watcher cannot run before the Tabs' own: user watchers may not take a negative precedence.)
+    """
+
+    before_show = None
+
+    def _update_active(self, *events):
+        if self.before_show is not None and any(e.name == "active" for e in events):
+            self.before_show()
+        super()._update_active(*events)
+
+
 class TrajScope(StateView):
     """The trajscope app.
 
@@ -142,7 +158,7 @@ class TrajScope(StateView):
         root of its own, see :meth:`template`)."""
         card = dict(sizing_mode="stretch_width", collapsible=False, margin=(5, 5))
         named = self._cards
-        tabs = pn.Tabs(  # each card opens with the run and model its results belong to
+        tabs = CardTabs(  # each card opens with the run and model its results belong to
             *[(name, pn.Column(self._provenance[i], view, sizing_mode="stretch_width"))
               for i, (name, view) in enumerate(named)],
             dynamic=True, sizing_mode="stretch_width", css_classes=["ts-tabs"])
@@ -154,7 +170,7 @@ class TrajScope(StateView):
                 if "shown" in getattr(view, "param", {}):
                     view.shown = i == tabs.active
 
-        tabs.param.watch(on_tab, "active")
+        tabs.before_show = on_tab
         on_tab()
         return pn.Column(pn.Card(self.player, self.live, title="Step", **card),
                          pn.Card(self.tokens, title="Tokens", **card), sizing_mode="stretch_width"), tabs

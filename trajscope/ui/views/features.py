@@ -32,11 +32,13 @@ from trajscope.ui.artefacts import FeatureIndex, FeatureLabels, density_table, s
 from trajscope.ui import feature_plots as fp
 from trajscope.ui.feature_figures import ErrorFigure, TimelineFigure
 from trajscope.ui.tables import STYLE as TABLE_STYLE, frame_html
-from trajscope.ui.views._base import StateView, in_background
+from trajscope.ui.views._base import StateView, in_background, short_run
 from trajscope.ui.views._cursor import Cursor, vline
 from trajscope.ui.views.feature_card import FeatureCard
 
 SAMPLE_SAE = sample_data_dir() / "saes" / "layer3-prefill-only"
+INLINE_SAE_SIZE = 1 << 22  # d_in × d_sae of an SAE that encodes a short run inline (SmolLM2's 576 × 4,608: 16 ms
+                           # for a 105-position chat run on the 2-core CPU)
 
 
 def encode_run(traj, sae, k: int = 16) -> dict:
@@ -208,10 +210,13 @@ class FeaturesView(StateView):
         if self.defer(self._recompute):  # the SAE tab is hidden: encode when it is opened (and show no stale run)
             self._enc, self.message = None, "Encoding the run with the SAE…"
             return
-        self._enc, self.message = None, "Encoding the run with the SAE…"
-
+        # being opened, a short run is encoded at once (tens of ms), so the tab is drawn once, with it
+        inline = self.opening and short_run(traj) and sae.cfg.d_in * sae.cfg.d_sae <= INLINE_SAE_SIZE
+        if not inline:
+            self._enc, self.message = None, "Encoding the run with the SAE…"
         in_background(lambda: encode_run(traj, sae), lambda enc: self._apply(ticket, (enc, "")),
-                      lambda msg: self._apply(ticket, (None, msg)), what="Encoding the run with the SAE")
+                      lambda msg: self._apply(ticket, (None, msg)), what="Encoding the run with the SAE",
+                      inline=inline)
 
     def _apply(self, ticket: int, result) -> None:
         if ticket != self._ticket:
