@@ -15,7 +15,7 @@ Serves the app in-process on ``--model`` (default ``smollm2``) and drives headle
    clicks the card's tab (the Overview card is on screen already). The card's readiness is timed in the
    browser from that frame to the first observation of the card **ready**: its tab active, no
    ``trajscope-*`` worker thread alive on the server, the session not busy, no visible status line ending
-   in "…", and the number of rendered plots unchanged since, with all of that still holding ``--hold``
+   in "…", and the set of rendered plots (Bokeh model ids) unchanged since, with all of that still holding ``--hold``
    seconds later (the hold only confirms; it is not counted, and a later change starts the stretch
    again). The state is polled every ~30 ms (each poll waits for an animation frame), so a reading is
    late by at most about one poll. There is no fixed wait: a card that needs no work reads the time its
@@ -63,13 +63,14 @@ MEASURE = """async (before) => {
   while (read() === before) { await new Promise(r => requestAnimationFrame(r)); if (performance.now() - t0 > 10000) return -1; }
   return performance.now() - t0;
 }""" % READOUT
-# plots BokehJS has laid out with a size (the visible tab's, the step bar's and the token strip's)
+# the ids of the plots BokehJS has laid out with a size (the visible tab's, the step bar's and the token
+# strip's): ids, not a count, so that one card's plots replacing another's as many is seen as a change
 RENDERED = """() => {
-  if (typeof Bokeh === 'undefined' || !Bokeh.index) return -1;
+  if (typeof Bokeh === 'undefined' || !Bokeh.index) return [];
   const all = []; const walk = v => { all.push(v); for (const c of (v.child_views || [])) walk(c); };
   Object.values(Bokeh.index).forEach(walk);
   return all.filter(v => v.model && (v.model.type === 'Figure' || v.model.constructor.name === 'Figure'))
-            .filter(v => v.el && v.el.getBoundingClientRect().width > 0).length;
+            .filter(v => v.el && v.el.getBoundingClientRect().width > 0).map(v => v.model.id).sort();
 }"""
 # installed before the page's own scripts: every main-thread task over 50 ms, and the phase marks
 LONGTASKS = """(() => {
@@ -328,7 +329,7 @@ def main() -> None:
                 generate_s = (t_done - page.evaluate("() => window.__t_click")) / 1000
                 t_ready, obs = ready_at(app, page, name, args.hold)
                 rec = {"ready_after_generate_s": (t_ready - t_done) / 1000, "generate_s": generate_s,
-                       "plots_on_page": obs["plots"]}
+                       "plots_on_page": len(obs["plots"])}
                 action = ACTIONS.get(name)
                 if action:
                     btn = page.get_by_role("button", name=action, exact=True)
