@@ -18,7 +18,8 @@ port=${FIRST_PAGE_PORT:-5006}
 setsid bash -c 'BROWSER=true bash scripts/install.sh && BROWSER=true .venv/bin/panel serve apps/trajscope.py --show' \
     >"$log" 2>&1 &
 server=$!
-trap 'kill -- -"$server" 2>/dev/null || true' EXIT
+# at exit: stop the server, then remove the fresh copy (its .venv is over 2 GB); the log and the screenshot stay
+trap 'kill -- -"$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$fresh"' EXIT
 status=0
 "$repo/.venv/bin/python" "$repo/.ci/first_page.py" --url "http://localhost:$port/trajscope" \
     --timeout "${FIRST_PAGE_TIMEOUT:-900}" --png "$work/first_page.png" --server-log "$log" || status=1

@@ -15,7 +15,8 @@ Serves the app in-process on ``--model`` (default ``smollm2``) and drives headle
    clicks the card's tab (the Overview card is on screen already). The card's readiness is timed in the
    browser from that frame to the first observation of the card **ready**: its tab active, no
    ``trajscope-*`` worker thread alive on the server, the session not busy, no visible status line ending
-   in "…", and the set of rendered plots (Bokeh model ids) unchanged since, with all of that still holding ``--hold``
+   in "…", and the set of rendered plots (Bokeh model ids) unchanged since and not the Overview's (whose plots
+   stay on screen until the server sends the new tab), with all of that still holding ``--hold``
    seconds later (the hold only confirms; it is not counted, and a later change starts the stretch
    again). The state is polled every ~30 ms (each poll waits for an animation frame), so a reading is
    late by at most about one poll. There is no fixed wait: a card that needs no work reads the time its
@@ -145,14 +146,16 @@ def settled(app) -> bool:
     return not busy and not app.state.busy
 
 
-def ready_at(app, page, tab: str, hold: float, timeout: float = 900.0) -> tuple[float, dict]:
+def ready_at(app, page, tab: str, hold: float, timeout: float = 900.0, left=None) -> tuple[float, dict]:
     """The browser time of the first observation of ``tab`` ready (see the module's step 4), once it has held
-    for ``hold`` seconds, and that observation."""
+    for ``hold`` seconds, and that observation. ``left``: the rendered plots of the tab the click left; while
+    exactly those are on screen, the new tab's content has not arrived and it is not ready."""
     t_wall, start, last = time.perf_counter(), None, None
     while time.perf_counter() - t_wall < timeout:
         server = settled(app)
         obs = page.evaluate(POLL)
-        ok = server and settled(app) and not obs["working"] and obs["active"] == tab
+        ok = (server and settled(app) and not obs["working"] and obs["active"] == tab
+              and (left is None or obs["plots"] != left))
         if not ok or start is None or obs["plots"] != last["plots"]:
             start = obs if ok else None
         last = obs
@@ -316,7 +319,7 @@ def main() -> None:
             for name in names:
                 page.evaluate(MARK, f"back to Overview before {name}")
                 page.locator(".bk-tab", has_text="Overview").first.click()
-                ready_at(app, page, "Overview", args.hold)
+                _, overview = ready_at(app, page, "Overview", args.hold)
                 page.evaluate("() => document.activeElement && document.activeElement.blur()")
                 button = page.locator(".ts-generate button").element_handle()
                 status = page.locator(".ts-status").first.element_handle()
@@ -327,7 +330,7 @@ def main() -> None:
                 wait(lambda: page.evaluate("() => window.__t_done") is not None)
                 t_done = page.evaluate("() => window.__t_done")
                 generate_s = (t_done - page.evaluate("() => window.__t_click")) / 1000
-                t_ready, obs = ready_at(app, page, name, args.hold)
+                t_ready, obs = ready_at(app, page, name, args.hold, left=None if name == "Overview" else overview["plots"])
                 rec = {"ready_after_generate_s": (t_ready - t_done) / 1000, "generate_s": generate_s,
                        "plots_on_page": len(obs["plots"])}
                 action = ACTIONS.get(name)

