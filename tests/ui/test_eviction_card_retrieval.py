@@ -31,13 +31,18 @@ def _view(traj, model):
 
 
 def _texts(obj) -> str:
-    """Every Markdown/HTML text and HoloViews title under a Panel object."""
+    """Every visible Markdown/HTML text and HoloViews or Bokeh title under a Panel object."""
     import panel as pn
 
     out = []
-    for o in obj.select(lambda x: isinstance(x, (pn.pane.Markdown, pn.pane.HTML, pn.pane.HoloViews))):
+    hidden = {id(h) for c in obj.select(lambda x: not x.visible) for h in c.select()}
+    for o in obj.select(lambda x: isinstance(x, (pn.pane.Markdown, pn.pane.HTML, pn.pane.HoloViews, pn.pane.Bokeh))):
+        if id(o) in hidden:
+            continue
         if isinstance(o, pn.pane.HoloViews):
             out.append(str(o.object.opts.get().kwargs.get("title", "")))
+        elif isinstance(o, pn.pane.Bokeh):
+            out.append(o.object.title.text)
         elif isinstance(o.object, str):
             out.append(o.object)
     return "\n".join(out)
@@ -82,14 +87,39 @@ def test_card_shows_the_shipped_needle_table(short_run, sample_model, monkeypatc
     assert shipped_needle("../etc") is None and shipped_needle("no-such-model") is None
     v = _view(short_run, sample_model)
     assert "ships no needle table" in _texts(v.__panel__())  # the sample model has none
-    monkeypatch.setattr(card_mod, "shipped_needle", lambda model_id: table)
-    shown = _texts(v._retrieval())
-    assert "Passkey retrieval vs budget" in shown and "shipped needle study" in shown
-    assert "Passkey retrieval accuracy shipped with this model" in shown
-    plot = pm.needle_plot(table, "smollm2")
-    snap = table.filter(pl.col("policy") == "snapkv").sort("budget")
-    curve = [e for e in plot if isinstance(e, __import__("holoviews").Curve) and e.label == "snapkv"][0]
-    np.testing.assert_allclose(curve.dimension_values("accuracy"), snap["accuracy"])
+    assert "Passkey retrieval vs budget" not in _texts(v.__panel__())
+    asked = []
+    monkeypatch.setattr(card_mod, "shipped_needle", lambda model_id: asked.append(model_id) or table)
+    model_id = short_run.meta["model"]["model_id"]
+    v._needle["model_id"] = "another model"  # the next run is of another model, as far as the card knows
+    v.state.set_trajectory(short_run, step=0)
+    shown = _texts(v.__panel__())
+    assert "Passkey retrieval vs budget" in shown and "shipped needle study (24 prompts)" in shown
+    assert "Passkey retrieval accuracy shipped with this model" in shown and "ships no needle table" not in shown
+    fig = v._needle["figure"]
+    # each policy's line and whiskers are its rows of the table, by budget
+    for policy in ("snapkv", "streamingllm_rolling"):
+        rows = table.filter(pl.col("policy") == policy).sort("budget")
+        src = [r.data_source for r in fig.renderers if getattr(r.data_source, "data", {}).get("policy", [None])[0] == policy]
+        assert src, policy
+        data = src[0].data
+        for col in ("budget", "accuracy", "lo", "hi", "n"):
+            np.testing.assert_allclose(data[col], rows[col])
+    whiskers = [w for w in fig.center if type(w).__name__ == "Whisker"]
+    assert len(whiskers) == table["policy"].n_unique() - 1  # every policy but 'full'
+    full = table.filter(pl.col("policy") == "full").row(0, named=True)
+    band = [b for b in fig.center if type(b).__name__ == "BoxAnnotation"][0]
+    assert (band.bottom, band.top) == (full["lo"], full["hi"])
+    ref = [r for r in fig.renderers if r.glyph.line_dash == [6]]  # the full cache's dashed line
+    assert len(ref) == 1 and list(ref[0].data_source.data["y"]) == [full["accuracy"]] * 2
+    assert fig.xaxis[0].ticker.ticks == sorted(set(table["budget"]))
+    labels = {item.label["value"] for item in fig.legend[0].items}
+    assert labels == {f"full cache {full['accuracy']:.2f}"} | set(table["policy"]) - {"full"}
+    # further runs of the same model keep the figure: no new Bokeh models
+    n_asked = len(asked)
+    v.state.set_trajectory(short_run, step=0)
+    assert v._needle["figure"] is fig and len(asked) == n_asked
+    assert model_id == v._needle["model_id"]
 
 
 def test_card_answers_a_passkey_prompt_under_every_policy(sample_model):

@@ -25,6 +25,7 @@ import param
 from trajscope.escaping import html_text, md_text
 from trajscope.studies.eviction import plots as ep
 from trajscope.studies.eviction import plots_more as pm
+from trajscope.studies.eviction.needle_figure import needle_figure
 from trajscope.studies.eviction.state import LABELS, EvictionSettings, passkey_of, run_study, shipped_needle
 from trajscope.ui.views._base import StateView, any_of, in_background
 from trajscope.ui.views._cursor import Cursor, vline
@@ -58,6 +59,15 @@ class EvictionView(StateView):
         self._ticket = 0
         self.cursors: dict[str, Cursor] = {}
         self._panes: list = []
+        # passkey retrieval: fixed panes; the figure is rebuilt only when the run's model changes
+        self._needle = {"model_id": None, "figure": False,
+                        "caption": pn.pane.Markdown("", styles=CAPTION, css_classes=["ts-ev-needle-caption"]),
+                        # the pane inside a Column that shows or hides it (a Bokeh pane's `visible` follows its figure)
+                        "plot": pn.Column(pn.pane.Bokeh(None, sizing_mode="stretch_width", css_classes=["ts-ev-needle"]),
+                                          sizing_mode="stretch_width", visible=False),
+                        "hint": pn.pane.Markdown("This prompt hides a pass key: **Run** also answers it under every "
+                                                 "needle policy at the chosen budget.", styles=CAPTION, visible=False)}
+        self._retrieval()
         self.state.param.watch(self._new_run, "revision")
         self.state.param.watch(self._move, "step")
         self.settings.param.watch(self._validate, ["budget", "window", "policy"])
@@ -67,6 +77,7 @@ class EvictionView(StateView):
         self._ticket += 1  # a study still running belongs to the previous run: its result is dropped
         self.settings.clear()
         self.settings.busy = False
+        self._retrieval()
 
     def _move(self, event) -> None:
         for c in self.cursors.values():
@@ -158,24 +169,23 @@ class EvictionView(StateView):
                 css_classes=["ts-ev-passkey"])]
         return pn.Column(*panes, sizing_mode="stretch_width")
 
-    def _retrieval(self, _revision=None):
-        """The model's shipped needle table (plot), and a hint when this prompt hides a passkey."""
+    def _retrieval(self, *_) -> None:
+        """Show the model's shipped needle table (a figure built once per model) and, when this prompt hides a
+        passkey, say that **Run** answers it."""
         traj = self.state.trajectory
         model_id = None if traj is None else traj.meta.get("model", {}).get("model_id")
-        table = shipped_needle(model_id)
-        parts = []
-        if table is not None:
-            parts += [pn.pane.Markdown(pm.NEEDLE_CAPTION, styles=CAPTION, css_classes=["ts-ev-needle-caption"]),
-                      pn.pane.HoloViews(pm.needle_plot(table, model_id), sizing_mode="stretch_width",
-                                        css_classes=["ts-ev-needle"])]
-        else:
-            parts.append(pn.pane.Markdown(f"Passkey retrieval: {md_text(model_id or 'this model')} ships no needle "
-                                          "table (`trajscope study needle` writes one).", styles=CAPTION,
-                                          css_classes=["ts-ev-needle-caption"]))
-        if traj is not None and passkey_of(self._prompt_text(traj)):
-            parts.append(pn.pane.Markdown("This prompt hides a pass key: **Run** also answers it under every "
-                                          "needle policy at the chosen budget.", styles=CAPTION))
-        return pn.Column(*parts, sizing_mode="stretch_width")
+        r = self._needle
+        if model_id != r["model_id"] or r["figure"] is False:  # False: not read yet
+            table = shipped_needle(model_id)
+            r.update(model_id=model_id, figure=None if table is None else needle_figure(table, model_id))
+            if r["figure"] is not None:
+                r["caption"].object = pm.NEEDLE_CAPTION
+                r["plot"][0].object = r["figure"]
+            else:
+                r["caption"].object = (f"Passkey retrieval: {md_text(model_id or 'this model')} ships no needle "
+                                       "table (`trajscope study needle` writes one).")
+            r["plot"].visible = r["figure"] is not None
+        r["hint"].visible = traj is not None and bool(passkey_of(self._prompt_text(traj)))
 
     @staticmethod
     def _prompt_text(traj) -> str:
@@ -183,7 +193,7 @@ class EvictionView(StateView):
         return "".join(toks.filter(toks["pos"] < traj.prompt_len)["text"].to_list())
 
     def __panel__(self):
-        s = self.settings
+        s, r = self.settings, self._needle
         policy = pn.widgets.Select.from_param(s.param.policy, name="Policy", width=230,
                                               options={LABELS[p]: p for p in s.param.policy.objects})
         budget = pn.widgets.FloatInput.from_param(s.param.budget, name="Budget (fraction of prompt)", step=0.05,
@@ -199,5 +209,5 @@ class EvictionView(StateView):
             pn.Row(policy, budget, window, run_btn, busy),
             pn.pane.Str(pn.bind(html_text, s.param.status), css_classes=["ts-ev-status"]),
             pn.pane.Markdown(pn.bind(md_text, s.param.summary), css_classes=["ts-ev-summary"]),
-            pn.bind(self._plots, s.param.result), pn.bind(self._retrieval, self.state.param.revision),
+            pn.bind(self._plots, s.param.result), pn.Column(r["caption"], r["plot"], r["hint"], sizing_mode="stretch_width"),
             sizing_mode="stretch_width")

@@ -6,11 +6,11 @@
   (:mod:`trajscope.studies.eviction.split`);
 - :func:`split_rows` — the depth-band rows of ``eviction_split_summary`` as text cells, each with its interval
   (one prompt: "no interval", said so);
-- :func:`needle_plot` — a model's shipped passkey retrieval accuracy by policy and budget, Wilson intervals as
-  error bars (the ``needle_summary`` table of the ``needle`` study);
 - :func:`passkey_rows` — this prompt's masked answer under each policy, and whether it retrieves the key.
 
 Pure functions: tables in, HoloViews elements or text cells out; every value at x = the step that computed it.
+The shipped needle table's figure is :func:`trajscope.studies.eviction.needle_figure.needle_figure`; its caption
+is :data:`NEEDLE_CAPTION` here.
 """
 
 from __future__ import annotations
@@ -69,33 +69,6 @@ def split_rows(res: Result) -> list[list[str]]:
         out.append([str(r["depth_band"])] + [format_interval(r[m], r[f"{m}_lo"], r[f"{m}_hi"], 4, n_clusters=n)
                                              for m in ("kl_per_step", "kl_accumulated", "kl_carried")])
     return out
-
-
-def needle_plot(table: pl.DataFrame, model_id: str) -> hv.Overlay:
-    """Accuracy against budget, one line per policy, with Wilson error bars; 'full' as a horizontal band."""
-    parts = []
-    full = table.filter(pl.col("policy") == "full")
-    if full.height:
-        f = full.row(0, named=True)
-        parts.append(hv.HSpan(f["lo"], f["hi"]).opts(color="#bbbbbb", alpha=0.3))
-        parts.append(hv.HLine(f["accuracy"], label=f"full cache {f['accuracy']:.2f}").opts(color="#555555",
-                                                                                        line_dash="dashed"))
-    rest = table.filter(pl.col("policy") != "full").sort("policy", "budget")
-    colors = hv.Cycle.default_cycles["default_colors"]
-    for i, name in enumerate(rest["policy"].unique(maintain_order=True).to_list()):
-        g = rest.filter(pl.col("policy") == name).to_pandas()
-        color = colors[i % len(colors)]
-        parts.append(hv.Curve(g, "budget", ["accuracy", "lo", "hi", "n"], label=str(name)).opts(
-            color=color, tools=["hover"], hover_tooltips=[("policy", name), ("budget", "@budget"),
-                                                          ("accuracy", "@accuracy{0.00} [@lo{0.00}, @hi{0.00}]"),
-                                                          ("n prompts", "@n")]))
-        g = g.assign(neg=g["accuracy"] - g["lo"], pos=g["hi"] - g["accuracy"])
-        parts.append(hv.ErrorBars(g, "budget", ["accuracy", "neg", "pos"]).opts(color=color))
-    n = int(table["n"].max()) if table.height else 0
-    return hv.Overlay(parts).opts(
-        title=f"Passkey retrieval vs budget — {model_id}'s shipped needle study ({n} prompts)", responsive=True,
-        height=280, legend_position="right", xlabel="budget (kept share of the prompt)", ylabel="accuracy",
-        ylim=(-0.05, 1.05), logx=True, show_grid=True)
 
 
 def passkey_rows(answers: pl.DataFrame) -> list[list[str]]:
