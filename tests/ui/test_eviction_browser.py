@@ -34,7 +34,8 @@ def test_eviction_card_runs_the_study_and_draws(app_page, sample_model):
     wait_until(lambda: (s.policy, s.budget, s.window, s.status) == ("h2o", 0.5, 3, ""), page, timeout=TIMEOUT)
     page.locator(".ts-ev-run button").click()
     wait_until(lambda: s.result is not None and not s.busy, page, timeout=TIMEOUT)
-    for title in ("Kept prompt keys", "Decode attention vs the kept set", "Masked re-run vs full cache"):
+    for title in ("Kept prompt keys — h2o, budget 0.5", "Decode attention vs the kept set — h2o, budget 0.5",
+                  "Masked re-run vs full cache — h2o, budget 0.5"):
         wait_until(lambda: any(title in t for t in page.evaluate(TITLES)), page, timeout=TIMEOUT)
     page.locator(".ts-ev-summary", has_text="h2o, budget 0.5").wait_for(timeout=TIMEOUT)
 
@@ -52,7 +53,7 @@ def test_eviction_card_runs_the_study_and_draws(app_page, sample_model):
     box.fill("5")
     box.press("Enter")
     wait_until(lambda: app.state.step == 5, page, timeout=TIMEOUT)
-    spans = [a[0] for c in app.study_cards["eviction"].cursors.values() for a in c.annotations]
+    spans = [a[0] for a in app.study_cards["eviction"].cursor.annotations]
     wait_until(lambda: len(spans) >= 2 and all(sp.location == 5.0 for sp in spans), page, timeout=TIMEOUT)
     ids = [sp.id for sp in spans]
     wait_until(lambda: page.evaluate("""(ids) => Bokeh.documents.flatMap(d => [...d.all_models])

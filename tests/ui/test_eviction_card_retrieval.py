@@ -31,17 +31,15 @@ def _view(traj, model):
 
 
 def _texts(obj) -> str:
-    """Every visible Markdown/HTML text and HoloViews or Bokeh title under a Panel object."""
+    """Every visible Markdown/HTML text and Bokeh figure title under a Panel object."""
     import panel as pn
 
     out = []
     hidden = {id(h) for c in obj.select(lambda x: not x.visible) for h in c.select()}
-    for o in obj.select(lambda x: isinstance(x, (pn.pane.Markdown, pn.pane.HTML, pn.pane.HoloViews, pn.pane.Bokeh))):
+    for o in obj.select(lambda x: isinstance(x, (pn.pane.Markdown, pn.pane.HTML, pn.pane.Bokeh))):
         if id(o) in hidden:
             continue
-        if isinstance(o, pn.pane.HoloViews):
-            out.append(str(o.object.opts.get().kwargs.get("title", "")))
-        elif isinstance(o, pn.pane.Bokeh):
+        if isinstance(o, pn.pane.Bokeh):
             out.append(o.object.title.text)
         elif isinstance(o.object, str):
             out.append(o.object)
@@ -60,9 +58,14 @@ def test_card_shows_the_split_of_this_run(short_run, sample_model):
     sp = res.table("eviction_split").sort("step")
     np.testing.assert_allclose(sp["kl_per_step"], ref["kl_per_step"], atol=1e-6)
     np.testing.assert_allclose(sp["kl_accumulated"], ref["kl_accumulated"], atol=1e-6)
-    plot = pm.split_plot(res)
-    np.testing.assert_allclose(plot.get(0).dimension_values("kl_per_step"), sp["kl_per_step"])
-    np.testing.assert_allclose(plot.get(1).dimension_values("kl_accumulated"), sp["kl_accumulated"])
+    lines = v.split.lines.data  # the card's figure draws both arms at their steps
+    assert list(lines["step"]) == sp["step"].to_list()
+    np.testing.assert_allclose(lines["kl_per_step"], sp["kl_per_step"])
+    np.testing.assert_allclose(lines["kl_accumulated"], sp["kl_accumulated"])
+    bands = v.split.bands.data  # each depth band's mean of each arm, over that band's steps
+    summ = res.table("eviction_split_summary")
+    assert sorted(bands["y"]) == sorted(summ["kl_per_step"].to_list() + summ["kl_accumulated"].to_list())
+    assert v.split.figure.title.text == "Per-step vs accumulated damage — snapkv, budget 0.5"
     shown = _texts(v.__panel__())
     assert "Per-step vs accumulated damage — snapkv, budget 0.5" in shown
     assert "Per-step vs accumulated, this run" in shown and "one prompt: no interval" in shown

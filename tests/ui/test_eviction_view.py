@@ -56,26 +56,35 @@ def test_card_result_matches_the_study_and_plots_carry_it(view, short_run, sampl
     assert res.tables["eviction_kept"]["kept_pos"].to_list() == ref.tables["eviction_kept"]["kept_pos"].to_list()
     np.testing.assert_allclose(res.tables["eviction_steps"]["recall_at_k"].to_numpy(), ref.tables["eviction_steps"]["recall_at_k"].to_numpy())
     np.testing.assert_allclose(res.tables["eviction_rerun"]["kl_to_full"].to_numpy(), ref.tables["eviction_rerun"]["kl_to_full"].to_numpy(), atol=1e-6)
-    # heatmap: one cell per layer × head × prompt position, kept as the table says
-    img = ep.kept_heatmap(res, short_run.tokens, P)
+    # heatmap: one cell per layer × head × prompt position, kept as the table says (drawn by the card's figure)
+    src = view.kept.source.data
+    grid = src["image"][0]  # row i: y = i, layer 0 head 0 on top (inverted y range)
     kept = res.tables["eviction_kept"].sort("layer", "head")
-    grid = img.dimension_values("kept", flat=False)  # row i: y = i
     assert grid.shape == (kept.height, P) and grid.sum() == kept["kept_pos"].list.len().sum()
-    for i, row in enumerate(kept["kept_pos"].to_list()):  # row i (top = layer 0, head 0) is that head's kept set
+    for i, row in enumerate(kept["kept_pos"].to_list()):  # row i is that head's kept set
         assert np.flatnonzero(grid[i]).tolist() == sorted(row), i
-    hover = img.opts.get().kwargs["tools"][0]  # the hover names each position's token
-    texts = short_run.tokens.sort("pos")["text"].to_list()
-    assert hover.formatters["$x"].args["labels"] == [f"{p} «{ep.visible(texts[p])}»" for p in range(P)]
+    assert (src["x"], src["y"], src["dw"], src["dh"]) == ([-0.5], [-0.5], [P], [kept.height])
+    y = view.kept.figure.y_range
+    assert (y.start, y.end) == (kept.height - 0.5, -0.5)
+    texts = short_run.tokens.sort("pos")["text"].to_list()  # the hover names each position's token
+    assert view.kept.hover.formatters["$x"].args["labels"] == [f"{p} «{ep.visible(texts[p])}»" for p in range(P)]
+    assert view.kept.hover.formatters["$y"].args["labels"][:2] == ["L0 H0", "L0 H1"]
+    assert "h2o, budget 0.5" in view.kept.figure.title.text
     # step curves: mean over layers and heads, x = decode steps 1..n
-    costs = ep.step_costs_plot(res, short_run.tokens, P)
-    rec = costs.get(0)
+    costs = view.costs.source.data
     want = res.tables["eviction_steps"].group_by("step").agg(pl.col("recall_at_k").mean()).sort("step")
-    assert rec.dimension_values("step").tolist() == want["step"].to_list() and want["step"][0] == 1
-    np.testing.assert_allclose(rec.dimension_values("recall"), want["recall_at_k"].to_numpy(), rtol=1e-6)
-    assert rec.dimension_values("token")[0] == ep.visible(short_run.tokens.sort("pos")["text"][P])  # step 1's query
-    assert costs.opts.get().kwargs["xlabel"] == "step (decode)"
-    kl = ep.rerun_plot(res, short_run.tokens, P).get(0)
-    np.testing.assert_allclose(kl.dimension_values("kl_to_full"), res.tables["eviction_rerun"].filter(pl.col("step") >= 1)["kl_to_full"])
+    assert list(costs["step"]) == want["step"].to_list() and want["step"][0] == 1
+    np.testing.assert_allclose(costs["recall"], want["recall_at_k"].to_numpy(), rtol=1e-6)
+    assert costs["token"][0] == ep.visible(short_run.tokens.sort("pos")["text"][P])  # step 1's query
+    assert view.costs.figure.xaxis[0].axis_label == "step (decode)"
+    rr = res.tables["eviction_rerun"].filter(pl.col("step") >= 1).sort("step")
+    np.testing.assert_allclose(view.rerun.kl.data["kl_to_full"], rr["kl_to_full"])
+    differs = rr.filter(~pl.col("token_agrees"))["step"].to_list()
+    assert list(view.rerun.differs.data["step"]) == differs
+    # the first divergence: a dotted vertical line at the first step whose greedy token differs, or none
+    assert list(view.rerun.first.data["x"]) == ([float(differs[0])] * 2 if differs else [])
+    assert view.rerun.legend.items[2].visible == bool(differs)
+    assert view._result.visible and not view._empty.visible
     assert "h2o, budget 0.5" in s.summary and "recall@8" in s.summary and "no prompt-clustered interval" in s.summary
 
 
@@ -83,12 +92,28 @@ def test_cursor_follows_the_step_and_a_new_run_clears(view, short_run):
     view.settings.param.update(policy="streamingllm", budget=0.6)
     view.run()
     assert view.settings.result is not None, view.settings.status
-    view._plots(view.settings.result).get_root(Document())  # draw the plots: the cursors join their figures
-    assert set(view.cursors) == {"costs", "rerun", "split"}
+    assert len(view.cursor.annotations) == 3  # one line on each step figure
     view.state.step = 7
-    assert {a[0].location for c in view.cursors.values() for a in c.annotations} == {7.0}
+    assert {a[0].location for a in view.cursor.annotations} == {7.0}
     view.state.set_trajectory(short_run)
     assert view.settings.result is None and view.settings.summary == ""
+    assert not view._result.visible and view._empty.visible
+
+
+def test_a_second_result_replaces_the_data_and_creates_no_model(view):
+    """The figures are built once: a second result changes their sources, not the set of Bokeh models."""
+    doc = Document()
+    doc.add_root(view.__panel__().get_root(doc))
+    view.settings.param.update(policy="streamingllm", budget=0.6)
+    view.run()
+    first = {m.id for m in doc.models}
+    kept_first = view.kept.source.data["image"][0].copy()
+    view.settings.param.update(policy="h2o", budget=0.8, window=3)
+    view.run()
+    assert view.settings.result is not None, view.settings.status
+    assert {m.id for m in doc.models} == first
+    assert not np.array_equal(view.kept.source.data["image"][0], kept_first)
+    assert "h2o, budget 0.8" in view.kept.figure.title.text
 
 
 def test_app_has_the_eviction_tab_before_export(short_run):

@@ -14,6 +14,9 @@ model's shipped needle table by policy and budget when it has one, and, when thi
 needle policy's masked answer at the card's budget and whether it retrieves the key. The study has no
 cancel point inside one prompt (a run of the sample model takes about a second), so the
 card has no Stop; a result that arrives after the run on screen changed is dropped.
+
+The figures are built once per card (:mod:`trajscope.studies.eviction.figures`): a result replaces their data,
+and the shipped needle figure is built once per model.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import param
 from trajscope.escaping import html_text, md_text
 from trajscope.studies.eviction import plots as ep
 from trajscope.studies.eviction import plots_more as pm
-from trajscope.studies.eviction.needle_figure import needle_figure
+from trajscope.studies.eviction.figures import CostsFigure, KeptFigure, RerunFigure, SplitFigure, needle_figure
 from trajscope.studies.eviction.state import LABELS, EvictionSettings, passkey_of, run_study, shipped_needle
 from trajscope.ui.views._base import StateView, any_of, in_background
 from trajscope.ui.views._cursor import Cursor, vline
@@ -57,8 +60,23 @@ class EvictionView(StateView):
         params.setdefault("settings", EvictionSettings())
         super().__init__(**params)
         self._ticket = 0
-        self.cursors: dict[str, Cursor] = {}
-        self._panes: list = []
+        # the result's figures, built once (figures.py); a result replaces their data
+        self.kept, self.costs, self.rerun, self.split = KeptFigure(), CostsFigure(), RerunFigure(), SplitFigure()
+        self.cursor = Cursor([vline()], lambda step: [{"location": float(step)}])  # one line on each step figure
+        self.cursor.step = self.state.step
+        for fig in (self.costs, self.rerun, self.split):
+            self.cursor.attach(fig.figure)
+        panes = {name: pn.pane.Bokeh(getattr(self, name).figure, sizing_mode="stretch_width")
+                 for name in ("kept", "costs", "rerun", "split")}
+        self._panes = [panes["costs"], panes["rerun"], panes["split"]]  # pushed to Jupyter when the cursor moves
+        self._empty = pn.pane.Markdown("Choose a policy and a budget, then press **Run**.", css_classes=["ts-ev-empty"])
+        self._split_table = pn.pane.HTML("", css_classes=["ts-ev-split"])
+        self._split = pn.Column(pn.pane.Markdown(pm.SPLIT_CAPTION, styles=CAPTION, css_classes=["ts-ev-split-caption"]),
+                                panes["split"], self._split_table, sizing_mode="stretch_width", visible=False)
+        self._passkey = pn.pane.HTML("", css_classes=["ts-ev-passkey"], visible=False)
+        # a Bokeh pane's `visible` follows its figure: the result is shown or hidden by its Column
+        self._result = pn.Column(panes["kept"], panes["costs"], panes["rerun"], self._split, self._passkey,
+                                 sizing_mode="stretch_width", visible=False)
         # passkey retrieval: fixed panes; the figure is rebuilt only when the run's model changes
         self._needle = {"model_id": None, "figure": False,
                         "caption": pn.pane.Markdown("", styles=CAPTION, css_classes=["ts-ev-needle-caption"]),
@@ -71,6 +89,7 @@ class EvictionView(StateView):
         self.state.param.watch(self._new_run, "revision")
         self.state.param.watch(self._move, "step")
         self.settings.param.watch(self._validate, ["budget", "window", "policy"])
+        self.settings.param.watch(self._draw, "result")
 
     # -- events -------------------------------------------------------------------------
     def _new_run(self, *_) -> None:
@@ -80,8 +99,7 @@ class EvictionView(StateView):
         self._retrieval()
 
     def _move(self, event) -> None:
-        for c in self.cursors.values():
-            c.set_step(event.new, *self._panes)
+        self.cursor.set_step(event.new, *self._panes)
 
     def _validate(self, *_) -> None:
         traj = self.state.trajectory
@@ -135,39 +153,34 @@ class EvictionView(StateView):
         samp = traj.meta.get("sampling", {})
         return traj.tokens if not samp.get("do_sample") and not traj.meta.get("steering") else None
 
-    def _cursor(self, name: str, element):
-        c = Cursor([vline()], lambda s: [{"location": float(s)}])
-        c.step = self.state.step
-        self.cursors[name] = c
-        return element.opts(hooks=[c.hook])
-
-    def _plots(self, result):
-        traj = self.state.trajectory
-        if result is None or traj is None:
-            self.cursors.clear()
-            return pn.pane.Markdown("Choose a policy and a budget, then press **Run**.", css_classes=["ts-ev-empty"])
+    def _draw(self, *_) -> None:
+        """Put the study's result on screen (the figures' data replaced), or the hint to press **Run**."""
+        result, traj = self.settings.result, self.state.trajectory
+        shown = result is not None and traj is not None
+        self._empty.visible = not shown
+        if not shown:
+            self._result.visible = False
+            return
         P, toks = traj.prompt_len, self._hover_tokens()
-        opts = dict(sizing_mode="stretch_width", linked_axes=False)
-        panes = [pn.pane.HoloViews(ep.kept_heatmap(result, traj.tokens, P), **opts),
-                 pn.pane.HoloViews(self._cursor("costs", ep.step_costs_plot(result, toks, P)), **opts),
-                 pn.pane.HoloViews(self._cursor("rerun", ep.rerun_plot(result, toks, P)), **opts)]
-        self._panes = panes[1:]
-        if "eviction_split" in result.tables:
-            panes += [pn.pane.Markdown(pm.SPLIT_CAPTION, styles=CAPTION, css_classes=["ts-ev-split-caption"]),
-                      pn.pane.HoloViews(self._cursor("split", pm.split_plot(result)), **opts),
-                      pn.pane.HTML(_table(["depth band", "per-step KL", "accumulated KL", "carried (paired)"],
-                                          pm.split_rows(result)), css_classes=["ts-ev-split"])]
-            self._panes.append(panes[-2])
+        self.kept.show(ep.kept_data(result, traj.tokens, P))
+        self.costs.show(ep.costs_data(result, toks, P))
+        self.rerun.show(ep.rerun_data(result, toks, P))
+        has_split = "eviction_split" in result.tables
+        if has_split:
+            self.split.show(pm.split_data(result))
+            self._split_table.object = _table(["depth band", "per-step KL", "accumulated KL", "carried (paired)"],
+                                              pm.split_rows(result))
+        self._split.visible = has_split
         if "needle_answers" in result.tables:
             pk = result.config.get("passkey", {})
             notes = "".join(f"<br>{html_text(n)}" for n in pk.get("notes", []))
-            panes += [pn.pane.HTML(
+            self._passkey.object = (
                 f"<b>This prompt hides pass key {html_text(pk.get('key', '?'))}</b>: each policy's greedy answer "
                 f"with the evicted keys masked, at budget {html_text(result.config['budgets'][0])}.{notes}"
                 + _table(["policy", "budget", "kept tokens", "answer", "retrieves the key"],
-                         pm.passkey_rows(result.table("needle_answers"))),
-                css_classes=["ts-ev-passkey"])]
-        return pn.Column(*panes, sizing_mode="stretch_width")
+                         pm.passkey_rows(result.table("needle_answers"))))
+        self._passkey.visible = "needle_answers" in result.tables
+        self._result.visible = True
 
     def _retrieval(self, *_) -> None:
         """Show the model's shipped needle table (a figure built once per model) and, when this prompt hides a
@@ -209,5 +222,5 @@ class EvictionView(StateView):
             pn.Row(policy, budget, window, run_btn, busy),
             pn.pane.Str(pn.bind(html_text, s.param.status), css_classes=["ts-ev-status"]),
             pn.pane.Markdown(pn.bind(md_text, s.param.summary), css_classes=["ts-ev-summary"]),
-            pn.bind(self._plots, s.param.result), pn.Column(r["caption"], r["plot"], r["hint"], sizing_mode="stretch_width"),
+            self._empty, self._result, pn.Column(r["caption"], r["plot"], r["hint"], sizing_mode="stretch_width"),
             sizing_mode="stretch_width")

@@ -1,6 +1,6 @@
 """More plots of the Eviction card: the per-step vs accumulated split of this run, and passkey retrieval.
 
-- :func:`split_plot` — per decode step, KL to the full model of the **per-step** arm (only the step's own query
+- :func:`split_data` — per decode step, KL to the full model of the **per-step** arm (only the step's own query
   sees the masked prompt; its history was computed with every key) and of the **accumulated** arm (every decode
   query masked, so the history carries the damage), with their depth-band means as steps
   (:mod:`trajscope.studies.eviction.split`);
@@ -8,14 +8,14 @@
   (one prompt: "no interval", said so);
 - :func:`passkey_rows` — this prompt's masked answer under each policy, and whether it retrieves the key.
 
-Pure functions: tables in, HoloViews elements or text cells out; every value at x = the step that computed it.
+Pure functions: tables in, plain columns or text cells out (drawn by
+:mod:`trajscope.studies.eviction.figures`); every value at x = the step that computed it.
 The shipped needle table's figure is :func:`trajscope.studies.eviction.needle_figure.needle_figure`; its caption
 is :data:`NEEDLE_CAPTION` here.
 """
 
 from __future__ import annotations
 
-import holoviews as hv
 import polars as pl
 
 from trajscope.interval_text import format_interval
@@ -32,26 +32,28 @@ NEEDLE_CAPTION = ("Passkey retrieval accuracy shipped with this model (the needl
                   "prompt, with 95% Wilson intervals over prompts; 'full' is the uncompressed cache.")
 
 
-def split_plot(res: Result) -> hv.Overlay:
-    """Both arms of the split per decode step for one policy and budget, with their depth-band means."""
+def split_data(res: Result) -> dict:
+    """Both arms of the split per decode step for one policy and budget, with their depth-band means.
+
+    Returns:
+        ``{"lines": {"step", "kl_per_step", "kl_accumulated"}, "bands": {"x0", "x1", "y", "arm"}`` (one
+        segment per depth band and arm: the band's mean over its steps ± 0.4), ``"title": str}``.
+    """
     sp = res.table("eviction_split").sort("step")
     policy, budget = sp["policy"][0], sp["budget"][0]
-    df = sp.select("step", "kl_per_step", "kl_accumulated").to_pandas()
-    parts = [hv.Curve(df, "step", "kl_per_step", label="per-step arm (history unmasked)").opts(
-                 color=PER_STEP, tools=["hover"], line_width=2),
-             hv.Curve(df, "step", "kl_accumulated", label="accumulated arm (every decode query masked)").opts(
-                 color=ACCUMULATED, tools=["hover"], line_width=2)]
+    bands = {"x0": [], "x1": [], "y": [], "arm": []}
     summ = res.table("eviction_split_summary")
     if summ.height:
-        bands = sp.with_columns(_band()).group_by("depth_band", maintain_order=True).agg(pl.col("step").min().alias("lo"),
-                                                                    pl.col("step").max().alias("hi"))
-        for r in summ.join(bands, on="depth_band").iter_rows(named=True):
-            for metric, color in (("kl_per_step", PER_STEP), ("kl_accumulated", ACCUMULATED)):
-                parts.append(hv.Segments([(r["lo"] - 0.4, r[metric], r["hi"] + 0.4, r[metric])]).opts(
-                    color=color, alpha=0.35, line_width=6))
-    return hv.Overlay(parts).opts(
-        title=f"Per-step vs accumulated damage — {policy}, budget {budget:g}", responsive=True, height=260,
-        legend_position="right", xlabel="step (decode)", ylabel="KL to full model (nats)", show_grid=True)
+        extent = sp.with_columns(_band()).group_by("depth_band", maintain_order=True).agg(
+            pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
+        for r in summ.join(extent, on="depth_band").iter_rows(named=True):
+            for metric in ("kl_per_step", "kl_accumulated"):
+                bands["x0"].append(r["lo"] - 0.4)
+                bands["x1"].append(r["hi"] + 0.4)
+                bands["y"].append(r[metric])
+                bands["arm"].append(metric)
+    return {"lines": {c: sp[c].to_list() for c in ("step", "kl_per_step", "kl_accumulated")}, "bands": bands,
+            "title": f"Per-step vs accumulated damage — {policy}, budget {budget:g}"}
 
 
 def _band() -> pl.Expr:

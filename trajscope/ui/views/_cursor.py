@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import weakref
 from functools import partial
 
 from bokeh.models import BoxAnnotation, Span
@@ -54,6 +55,7 @@ class Cursor:
     def __init__(self, factories: list[Callable], props: Callable[[int], list[dict]]):
         self.factories, self.props = factories, props
         self.annotations: list[list] = []
+        self._figures: list[weakref.ref] = []  # the figure of each entry of ``annotations``
         self.step = 0
 
     def hook(self, plot, element) -> None:
@@ -67,11 +69,14 @@ class Cursor:
         if mine:
             self._apply(mine[0], self.props(self.step))
             return
-        self.annotations = [a for a in self.annotations if a[0].document is not None]  # figures gone
+        # figures gone (a re-rendered HoloViews plot's old figure) leave; a figure not yet in a document stays
+        live = [(a, f) for a, f in zip(self.annotations, self._figures) if f() is not None]
+        self.annotations, self._figures = [a for a, _ in live], [f for _, f in live]
         anns = [f() for f in self.factories]
         for a in anns:
             fig.add_layout(a)
         self.annotations.append(anns)
+        self._figures.append(weakref.ref(fig))
         self._apply(anns, self.props(self.step))
 
     @staticmethod
