@@ -20,6 +20,12 @@ pw = pytest.importorskip("playwright.sync_api")
 from panel.tests.util import wait_until  # noqa: E402
 from browser import TITLES, set_field  # noqa: E402
 
+# the length of each named column in the page's data sources that have one, sorted by column name
+COLUMN_LENGTHS = """(cols) => Bokeh.documents.flatMap(d => [...d.all_models])
+    .filter(m => m.data !== undefined && cols.some(c => c in m.data))
+    .map(m => cols.filter(c => c in m.data).map(c => [c, m.data[c].length])).flat()
+    .sort().map(([c, n]) => n)"""
+
 TIMEOUT = 90_000
 
 
@@ -47,6 +53,10 @@ def test_compaction_card_runs_a_typed_session_like_the_study(app_page, sample_mo
     for title in ("T3 hidden states vs the full context C", "Attention of T3's queries on the summary",
                   "Probe of the masked fact by layer"):
         wait_until(lambda: any(title in t for t in page.evaluate(TITLES)), page, timeout=TIMEOUT)
+    # the figures are built before any result: their data reach the page with it (a line per setup, a point per layer)
+    n_layers = sample_model.n_layers
+    wait_until(lambda: page.evaluate(COLUMN_LENGTHS, ["rel_l2", "summary_mass"]) == [n_layers] * 7, page,
+               timeout=TIMEOUT)
     page.locator(".ts-cp-summary", has_text="Session typed").wait_for(timeout=TIMEOUT)
 
     res = s.result.result  # the card's Result of the one session

@@ -48,21 +48,32 @@ def test_card_result_equals_the_study_and_the_plots_carry_it(view, sample_model)
     for r in ref.tables["compaction_decode"].iter_rows(named=True):
         assert res.continuations[r["setup"]] == r["text"] and res.continuations["C"] == r["text_full"]
         assert res.first_divergence[r["setup"]] == r["first_divergence"]
-    # plots: per-layer means of the session's rows
-    div = cp.divergence_plot(res)
+    # the card's figures: per-layer means of the session's rows, computed here from the study's own tables
     want = ref.tables["compaction_states"].filter(pl.col("pair") == "B_vs_C").group_by("layer").agg(pl.col("rel_l2").mean()).sort("layer")
-    b_curve = [e for e in div if e.label.startswith("B ·") and type(e).__name__ == "Curve"][0]
-    np.testing.assert_allclose(b_curve.dimension_values("rel_l2"), want["rel_l2"].to_numpy())
-    att = cp.attention_plot(res)
+    b_line = view.divergence.sources["B_vs_C"].data
+    assert list(b_line["layer"]) == want["layer"].to_list()
+    np.testing.assert_allclose(b_line["rel_l2"], want["rel_l2"].to_numpy())
     want = ref.tables["compaction_attention"].filter(pl.col("setup") == "A").group_by("layer").agg(pl.col("summary_mass").mean()).sort("layer")
-    a_curve = [e for e in att if e.label.startswith("A ·")][0]
-    np.testing.assert_allclose(a_curve.dimension_values("summary_mass"), want["summary_mass"].to_numpy())
+    np.testing.assert_allclose(view.attention.sources["A"].data["summary_mass"], want["summary_mass"].to_numpy())
     probe, note = shipped_probe("sample")
-    assert res.probe.equals(probe) and "held-out" in note and cp.probe_plot(res) is not None
+    assert res.probe.equals(probe) and "held-out" in note and view._probe.visible
+    real = probe.filter((pl.col("train_setup") == "C") & (pl.col("test_setup") == "C") & (pl.col("control") == "real")).sort("layer")
+    c_dots = view.probe.sources["C"].data
+    np.testing.assert_allclose(c_dots["accuracy"], real["accuracy"].to_numpy())
+    np.testing.assert_allclose(c_dots["lo"], real["lo"].to_numpy())
+    np.testing.assert_allclose(np.asarray(c_dots["x"]) - np.asarray(c_dots["layer"]), 0.03)  # C nudged right
+    assert view._result.visible and not view._empty.visible
     html = cp.continuations_html(res)
     assert all(f"ts-cp-{x}" in html for x in "ABCD") and res.session.fact in html
     assert f"Session {res.session.session_id}" in s.summary and "One session: no interval" in s.summary
-    view._plots(res).get_root(Document())
+    doc = Document()
+    doc.add_root(view.__panel__().get_root(doc))
+    models = {m.id for m in doc.models}
+    view.settings.use_synthetic(3)  # a second session: the figures' data change, no Bokeh model is created
+    view.run()
+    assert view.settings.result is not None and view.settings.result is not res, view.settings.status
+    assert {m.id for m in doc.models} == models
+    assert list(view.divergence.sources["B_vs_C"].data["rel_l2"]) != list(b_line["rel_l2"])
 
 
 def test_bad_input_gives_one_sentence_before_any_work(view):

@@ -10,7 +10,8 @@ divergence of T3's hidden states from C, the attention mass of T3's queries on t
 the probe's held-out accuracy by layer read from the shipped study of the same model. Only
 models the server's operator allows run (the app's model choice). One session takes about a
 second on the sample model, so the card has no Stop; a result that arrives after the fields
-changed is still shown, for the session that ran (its id is in the summary line).
+changed is still shown, for the session that ran (its id is in the summary line). The figures are built once per
+card (:mod:`trajscope.studies.compaction.figures`): a result replaces their data.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import param
 from trajscope.errors import TrajscopeError
 from trajscope.escaping import html_text, md_text
 from trajscope.studies.compaction import plots as cp
+from trajscope.studies.compaction.figures import AttentionFigure, DivergenceFigure, ProbeFigure
 from trajscope.studies.compaction.state import CompactionSettings, run_session, summary_line
 from trajscope.ui.views._base import StateView, any_of, in_background
 
@@ -41,7 +43,20 @@ class CompactionView(StateView):
         params.setdefault("settings", CompactionSettings())
         super().__init__(**params)
         self._ticket = 0
+        # the result's figures, built once (figures.py); a result replaces their data
+        self.divergence, self.attention, self.probe = DivergenceFigure(), AttentionFigure(), ProbeFigure()
+        self._empty = pn.pane.Markdown("Edit the session or keep the synthetic one, then press **Run**.",
+                                       css_classes=["ts-cp-empty"])
+        self._continuations = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["ts-cp-cont"])
+        # a Bokeh pane's `visible` follows its figure: the probe is shown or hidden by its Column
+        self._probe = pn.Column(pn.pane.Bokeh(self.probe.figure, sizing_mode="stretch_width"), sizing_mode="stretch_width")
+        self._probe_note = pn.pane.Markdown("", styles={"font-size": "12px", "color": "#555"})
+        self._result = pn.Column(self._continuations,
+                                 pn.pane.Bokeh(self.divergence.figure, sizing_mode="stretch_width"),
+                                 pn.pane.Bokeh(self.attention.figure, sizing_mode="stretch_width"),
+                                 self._probe, self._probe_note, sizing_mode="stretch_width", visible=False)
         self.state.param.watch(self._new_run, "revision")
+        self.settings.param.watch(self._draw, "result")
 
     def _new_run(self, *_) -> None:
         """A new run (maybe on another model) replaces the page's: a session result of the old one is dropped."""
@@ -97,19 +112,21 @@ class CompactionView(StateView):
             return
         s.param.update(busy=False, result=res, summary=f"On model `{message}`: {summary_line(res)}", status="")
 
-    def _plots(self, result):
+    def _draw(self, *_) -> None:
+        """Put the session's result on screen (the figures' data replaced), or the hint to press **Run**."""
+        result = self.settings.result
+        self._empty.visible = result is None
+        self._result.visible = result is not None
         if result is None:
-            return pn.pane.Markdown("Edit the session or keep the synthetic one, then press **Run**.",
-                                    css_classes=["ts-cp-empty"])
-        opts = dict(sizing_mode="stretch_width", linked_axes=False)
-        probe = cp.probe_plot(result)
-        parts = [pn.pane.HTML(cp.continuations_html(result), sizing_mode="stretch_width", css_classes=["ts-cp-cont"]),
-                 pn.pane.HoloViews(cp.divergence_plot(result), **opts),
-                 pn.pane.HoloViews(cp.attention_plot(result), **opts)]
-        parts.append(pn.pane.HoloViews(probe, **opts) if probe is not None else pn.pane.Markdown(md_text(result.probe_note)))
+            return
+        self._continuations.object = cp.continuations_html(result)
+        self.divergence.show(result)
+        self.attention.show(result)
+        probe = cp.probe_data(result)
         if probe is not None:
-            parts.append(pn.pane.Markdown(result.probe_note, styles={"font-size": "12px", "color": "#555"}))
-        return pn.Column(*parts, sizing_mode="stretch_width")
+            self.probe.show(probe)
+        self._probe.visible = probe is not None
+        self._probe_note.object = md_text(result.probe_note) if probe is None else result.probe_note
 
     def __panel__(self):
         s = self.settings
@@ -130,4 +147,4 @@ class CompactionView(StateView):
             *fields, pn.Row(n_new, syn, run_btn, busy),
             pn.pane.Str(pn.bind(html_text, s.param.status), css_classes=["ts-cp-status"]),
             pn.pane.Markdown(pn.bind(md_text, s.param.summary), css_classes=["ts-cp-summary"]),
-            pn.bind(self._plots, s.param.result), sizing_mode="stretch_width")
+            self._empty, self._result, sizing_mode="stretch_width")
