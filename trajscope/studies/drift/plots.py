@@ -38,7 +38,7 @@ def heatmap_data(drift: pl.DataFrame, prompt_len: int, texts: list[str] | None =
     Returns:
         ``grid`` ``[n_rows, n_x]`` (row i = ``layers[i]``, column j = x ``x_min + j``), ``x_min``, ``x_max``,
         ``y0`` (the y of row 0: the first layer when the layers are consecutive, else 0 and y is the row),
-        ``layers``, ``yticks`` ``[(y, label)]``, ``clim``, ``x_labels`` (``"<token>, step s"`` per x),
+        ``yticks`` ``[(y, label)]``, ``clim``, ``x_labels`` (``"<token>, step s"`` per x),
         ``y_labels``, ``sink_max`` (pos 0's largest score, or None).
     """
     df = _drift_frame(drift, prompt_len, texts)
@@ -57,7 +57,7 @@ def heatmap_data(drift: pl.DataFrame, prompt_len: int, texts: list[str] | None =
         x_labels.append(f"{named[pos] if pos < len(named) else pos}, step {positions.query_step(pos, prompt_len)}")
     ticks = layer_ticks(layers)
     return {"grid": grid, "x_min": x_min, "x_max": x_max, "y0": layers[0] if layers and consecutive else 0,
-            "layers": layers, "yticks": [(v if consecutive else row[v], str(v)) for v in ticks],
+            "yticks": [(v if consecutive else row[v], str(v)) for v in ticks],
             "clim": robust_clim(df["score"].to_numpy(), centre=1.0), "x_labels": x_labels,
             "y_labels": [str(v) for v in layers], "sink_max": float(sink["score"].max()) if len(sink) else None}
 
