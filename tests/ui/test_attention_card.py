@@ -116,6 +116,9 @@ def test_grid_is_the_statistic_of_every_layer_and_head_at_the_step(short_run, st
     assert (sel.left, sel.right, sel.bottom, sel.top) == (0.5, 1.5, 2.5, 3.5)  # layer 3, head 1
     view.state.head = MEAN
     assert (sel.left, sel.right) == (-0.5, n_heads - 0.5)  # the whole layer
+    other = next(s for s in STATS if s != stat)
+    view.state.grid_stat = other
+    np.testing.assert_allclose(image(view.grid_fig), grid_at(short_run, view.state.step, other), rtol=1e-6)
 
 
 def test_a_step_change_changes_only_the_grid_values_and_the_cursor(short_run):
@@ -153,11 +156,14 @@ def test_a_new_run_creates_no_bokeh_model(short_run, sample_model):
 
 
 def test_a_grid_click_selects_its_layer_and_head(short_run):
-    view, _ = card(short_run, layer=0, head=MEAN)
+    view, doc = card(short_run, layer=0, head=MEAN)
     fig = view.grid_fig.figure
+    events = []
+    doc.on_change(events.append)
     fig._trigger_event(Tap(fig, x=2.2, y=3.4))  # what a click in the cell of head 2, layer 3 sends
     st = view.state
     assert (st.layer, st.head) == (3, 2)
+    assert not any(getattr(e, "model", None) is view.grid_fig.source for e in events)  # the grid's values stay
     sel = view.grid_fig.selection
     assert (sel.left, sel.right, sel.bottom, sel.top) == (1.5, 2.5, 2.5, 3.5)
     assert view.heatmap_fig.figure.title.text.startswith("Attention weights, layer 3, head 2")

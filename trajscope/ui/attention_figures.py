@@ -113,12 +113,14 @@ class HeadGridFigure:
         self.selection = BoxAnnotation(fill_alpha=0.0, line_color=SELECTION_COLOR, line_width=3, left=0, right=0, top=0,
                                        bottom=0, level="overlay", editable=False)
         fig.add_layout(self.selection)
+        self.n_heads = 1  # columns of the image shown
         self.figure = fig
 
     def show(self, data: dict) -> None:
         """Replace the image, its colour range, axes, ticks, labels and title (and the height if the layer count
         asks for another)."""
         nl, nh = data["n_layers"], data["n_heads"]
+        self.n_heads = nh
         self.mapper.update(low=data["clim"][0], high=data["clim"][1])
         self.source.data = {"image": [data["grid"]], "x": [-0.5], "y": [-0.5], "dw": [nh], "dh": [nl]}
         self.xticker.ticks, self.yticker.ticks = data["xticks"], data["yticks"]

@@ -5,8 +5,9 @@ The heatmap uses the full attention rows when the run kept them for the layer
 keys in the ``attention`` table, and says so in its title
 (:func:`trajscope.ui.plots.attention_heatmap_data`). Both figures are Bokeh
 figures built once per view (:mod:`trajscope.ui.attention_figures`) in fixed
-panes: a new run, layer, head or grid statistic replaces their data, a step
-change replaces only the grid's values and moves the heatmap's row cursor (a
+panes: a new run replaces both figures' data, a layer or head the heatmap's
+(and moves the grid's outline), a grid statistic the grid's; a step change
+replaces only the grid's values and moves the heatmap's row cursor (a
 :class:`~trajscope.ui.views._cursor.Cursor`), and a click on a grid cell selects
 its layer and head. While the card's tab is hidden, a new run or selection (and
 the grid of a new step) waits until the tab is shown (:meth:`StateView.defer`).
@@ -66,9 +67,21 @@ class AttentionView(StateView):
         self.redraw()
 
     def _changed(self, *events) -> None:
+        """Redraw what the changed parameters show: a step moves (:meth:`_move`), a grid statistic redraws the
+        grid, a layer / head the heatmap, the grid's outline and the top keys, anything else all of it."""
         names = {e.name for e in events}
         if names == {"step"}:
             self._move(events[0])
+            return
+        if self.defer(self.redraw):
+            return
+        st = self.state
+        if names == {"grid_stat"}:
+            self.grid(st.revision, st.grid_stat, st.layer, st.head)
+        elif names <= {"layer", "head"}:
+            self.heatmap(st.revision, st.layer, st.head)
+            self.grid_fig.select(plots.head_box(st.layer, _head(st.head), self.grid_fig.n_heads))
+            self.top.object = self.top_keys(st.step, st.revision, st.layer, st.head)
         else:
             self.redraw()
 
