@@ -1,11 +1,13 @@
-"""Micro-benchmark: the server's share of the two slowest cards, SAE features and Drift.
+"""Micro-benchmark: the server's share of putting a new run on screen, for the SAE features, Drift and Attention cards.
 
 When a card's analysis of a new run is done, the card puts it on screen on the event loop
-(``FeaturesView._apply``, ``DriftView._apply``): Panel and HoloViews build the card's figures as Bokeh
-models there, before anything reaches the browser. This times that step alone, on the shipped sample run
+(``FeaturesView._apply``, ``DriftView._apply``; the Attention card on the state's new ``revision``): the
+card's figures get the run's data there, before anything reaches the browser. This times that step alone, on the shipped sample run
 (``sample_data/runs/demo``) with the shipped SAE and profile, each view attached to a Bokeh document as a
 served page's would be, its analysis computed beforehand (SAE encoding, drift scoring). Prints each
-repetition's time and the median, and with ``--profile`` the cProfile of one more repetition.
+repetition's time and the median (Attention: the state is given the run again,
+``AppState.set_trajectory``, with only that card watching it; the time includes the run's
+``step_queries`` table, which the card's grid and top keys read), and with ``--profile`` the cProfile of one more repetition.
 
 Run: ``python benchmarks/card_apply.py [--reps 5] [--profile]``.
 """
@@ -24,6 +26,7 @@ from bokeh.document import Document
 import trajscope as ts
 from trajscope.studies.drift.card import DriftView
 from trajscope.ui.state import AppState
+from trajscope.ui.views.attention import AttentionView
 from trajscope.ui.views.features import FeaturesView, encode_run
 
 
@@ -61,6 +64,20 @@ def drift_apply(traj, state):
     return once
 
 
+def attention_apply(traj, state):
+    state = AppState()  # its own state: the other cards would redraw on the new revision too
+    state.set_trajectory(traj, step=0)
+    view = AttentionView(state=state)
+    attached(view)
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        state.set_trajectory(traj, step=0)
+        return time.perf_counter() - t0
+
+    return once
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5)
@@ -69,7 +86,8 @@ def main() -> None:
     traj = ts.Trajectory.load(str(ts.model.sample_data_dir() / "runs" / "demo"))
     state = AppState()
     state.trajectory = traj
-    for name, make in (("SAE features", features_apply), ("Drift", drift_apply)):
+    for name, make in (("SAE features", features_apply), ("Drift", drift_apply),
+                       ("Attention", attention_apply)):
         once = make(traj, state)
         once()  # warm-up
         times = [once() for _ in range(args.reps)]

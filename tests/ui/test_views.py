@@ -67,11 +67,11 @@ def test_token_telemetry_and_grid_clicks(short_run):
 
 
 def test_layer_without_full_rows_falls_back_to_top_keys(short_run):
+    """The figure's values: tests/ui/test_attention_card.py."""
     app = TrajScope(trajectory=short_run)
-    ov = app.attention.heatmap(1, 4, -1)  # layer 4's rows were not kept
-    assert "top-8 keys only" in ov.opts.get().kwargs["title"]
-    ov0 = app.attention.heatmap(1, 0, -1)
-    assert "top-8" not in ov0.opts.get().kwargs["title"]
+    fig = app.attention.heatmap(1, 4, -1)  # layer 4's rows were not kept
+    assert fig is app.attention.heatmap_fig.figure and "top-8 keys only" in fig.title.text
+    assert app.attention.heatmap(1, 0, -1) is fig and "top-8" not in fig.title.text
 
 
 def test_generate_streams_then_finishes(sample_model):

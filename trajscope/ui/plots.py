@@ -5,8 +5,11 @@ run directory and unit-testable. Two kinds, so that moving the step cursor
 redraws almost nothing:
 
 - *base* plots and their data, which depend on the run and the selection (token
-  layout and colours, attention heatmap, head grid); the Overview's figures
-  that live for the session are in :mod:`trajscope.ui.step_figures`;
+  layout and colours, attention heatmap, head grid); the figures that the app
+  builds once per session and fills with this data are in
+  :mod:`trajscope.ui.step_figures` (Overview) and :mod:`trajscope.ui.attention_figures`
+  (Attention card). The HoloViews builders here (:func:`attention_heatmap`,
+  :func:`head_grid`) draw the same data as static elements (notebooks, reports);
 - *cursor* coordinates, which depend on the step only (current token outline,
   current query row), set on annotations by the views.
 
@@ -22,6 +25,7 @@ import numpy as np
 import polars as pl
 
 from trajscope import positions
+from trajscope.errors import TrajscopeError
 from trajscope.metrics.attention import TELEMETRY_FIELDS
 
 hv.Store.set_current_backend("bokeh")
@@ -198,6 +202,40 @@ def attention_matrix(attention: pl.DataFrame, layer: int, head: int | None, n_po
     return out
 
 
+SPARSE_NOTE = " (top-8 keys only: full rows not kept for this layer)"
+
+
+def attention_heatmap_data(traj, layer: int, head: int | None) -> dict:
+    """What the Attention card's heatmap shows for ``layer`` / ``head`` of a run (None: no run yet).
+
+    Uses the full attention rows when the run kept them for the layer (``attention_layers`` at capture;
+    saved runs hold them as float16), otherwise rebuilds each row from its top-8 keys in the
+    ``attention`` table (:func:`attention_matrix`), and says so in the title.
+
+    Args:
+        traj: a :class:`~trajscope.trajectory.Trajectory`, or None.
+        head: a head index, or None for the mean over heads.
+    Returns:
+        ``{"matrix": [n_query, n_key] float32, "prompt_len", "title", "sparse", "labels"}``; ``labels`` are
+        the :func:`position_labels` of the run's positions (hover text), None without a run.
+    """
+    if traj is None:
+        return {"matrix": np.zeros((1, 1), dtype=np.float32), "prompt_len": 1, "sparse": False, "labels": None,
+                "title": "Attention weights (no run yet)"}
+    n = int(traj.attention["pos"].max() or 0) + 1  # positions that were queries
+    try:
+        rows = traj.attention_rows(layer)
+        matrix = (rows.float().mean(0) if head is None else rows[head].float()).numpy()
+        sparse = False
+    except TrajscopeError:
+        matrix = attention_matrix(traj.attention, layer, head, n)
+        sparse = True
+    who = "mean over heads" if head is None else f"head {head}"
+    return {"matrix": np.ascontiguousarray(matrix, dtype=np.float32), "prompt_len": traj.prompt_len,
+            "sparse": sparse, "labels": position_labels(traj.tokens["text"].to_list(), traj.prompt_len),
+            "title": f"Attention weights, layer {layer}, {who}" + (SPARSE_NOTE if sparse else "")}
+
+
 def attention_heatmap(matrix: np.ndarray, prompt_len: int, title: str = "Attention", sparse: bool = False,
                       texts: list[str] | None = None) -> hv.Overlay:
     """Heatmap of attention weights, query position (rows, top = first) × key position (columns).
@@ -223,7 +261,7 @@ def attention_heatmap(matrix: np.ndarray, prompt_len: int, title: str = "Attenti
                    invert_yaxis=True, tools=[hover],
                    xlabel="key position (attended token)", ylabel="query position (step 0 = prompt rows)")
     line = {"line_dash": "dashed", "line_color": CURSOR_COLOR, "line_width": 1.5}
-    suffix = " (top-8 keys only: full rows not kept for this layer)" if sparse else ""
+    suffix = SPARSE_NOTE if sparse else ""
     return (img * hv.VLine(prompt_len - 0.5).opts(**line) * hv.HLine(prompt_len - 0.5).opts(**line)).opts(
         title=title + suffix, responsive=True, height=420, toolbar="right")
 
@@ -252,8 +290,42 @@ def head_box(layer: int, head: int | None, n_heads: int) -> dict:
     return {"left": x0, "right": x1, "bottom": layer - 0.5, "top": layer + 0.5}
 
 
+def head_grid_values(queries: pl.DataFrame, step: int, stat: str, n_layers: int | None = None,
+                     n_heads: int | None = None) -> np.ndarray:
+    """One statistic for every layer × head at one step: ``[n_layers, n_heads]`` float64, row = layer,
+    column = head, NaN where the step has no row (shape from ``queries`` unless given)."""
+    if n_heads is None:
+        n_heads = int(queries["head"].max() or 0) + 1 if len(queries) else 1
+    if n_layers is None:
+        n_layers = int(queries["layer"].max() or 0) + 1 if len(queries) else 1
+    grid = np.full((n_layers, n_heads), np.nan)
+    if len(queries):
+        df = queries.filter(pl.col("step") == step)
+        grid[df["layer"].to_numpy(), df["head"].to_numpy()] = df[stat].cast(pl.Float64).to_numpy()
+    return grid
+
+
+def head_grid_data(queries: pl.DataFrame, step: int, stat: str) -> dict:
+    """What the layer × head grid shows: the values at ``step`` (:func:`head_grid_values`) and their frame.
+
+    Returns:
+        ``{"grid", "n_layers", "n_heads", "clim", "label", "title", "height", "xticks", "yticks"}``:
+        the colour range is [0, 1] (the run's maximum for ``entropy``, in nats); at most 16 layer ticks.
+    """
+    n_heads = int(queries["head"].max() or 0) + 1 if len(queries) else 1
+    n_layers = int(queries["layer"].max() or 0) + 1 if len(queries) else 1
+    label = CURVE_LABELS.get(stat, stat)
+    clim = (0.0, 1.0) if stat != "entropy" or not len(queries) else (0.0, float(queries[stat].max() or 1.0))
+    return {"grid": head_grid_values(queries, step, stat, n_layers, n_heads), "n_layers": n_layers,
+            "n_heads": n_heads, "clim": clim, "label": label,
+            "title": f"Every layer × head at this step: {label}" if len(queries) else "Layer × head grid (no run yet)",
+            "height": max(300, 16 * n_layers + 70), "xticks": list(range(n_heads)),
+            "yticks": list(range(0, n_layers, -(-n_layers // 16)))}
+
+
 def head_grid(queries: pl.DataFrame, step: int, stat: str) -> hv.Image:
-    """Layer × head grid of one statistic at one step (outline the selection with :func:`head_box`).
+    """Layer × head grid of one statistic at one step as a HoloViews image (:func:`head_grid_data`; outline the
+    selection with :func:`head_box`).
 
     Args:
         queries: one row per step × layer × head (:func:`trajscope.metrics.attention.step_queries`).
@@ -262,21 +334,15 @@ def head_grid(queries: pl.DataFrame, step: int, stat: str) -> hv.Image:
         ``Image`` of shape ``[n_layers, n_heads]``: x = head, y = layer (cell centres at integers,
         layer 0 on top), value = ``stat`` (NaN where the step has no row).
     """
-    n_heads = int(queries["head"].max() or 0) + 1 if len(queries) else 1
-    n_layers = int(queries["layer"].max() or 0) + 1 if len(queries) else 1
-    df = queries.filter(pl.col("step") == step)
-    grid = np.full((n_layers, n_heads), np.nan)
-    grid[df["layer"].to_numpy(), df["head"].to_numpy()] = df[stat].cast(pl.Float64).to_numpy()
-    img = hv.Image(grid[::-1], bounds=(-0.5, -0.5, n_heads - 0.5, n_layers - 0.5), kdims=["head", "layer"],
-                   vdims=[hv.Dimension(stat, label=CURVE_LABELS.get(stat, stat))])
-    clim = (0.0, 1.0) if stat != "entropy" else (0.0, float(queries[stat].max() or 1.0))
-    hover = integer_hover([("layer", "$y{custom}"), ("head", "$x{custom}"),
-                           (CURVE_LABELS.get(stat, stat), "@image{0.000}")], {"$x": None, "$y": None})
-    return img.opts(cmap="viridis", clim=clim, colorbar=True, tools=[hover], invert_yaxis=True, xlabel="head",
-                    ylabel="layer", colorbar_opts={"title": CURVE_LABELS.get(stat, stat)},
-                    title=f"Every layer × head at this step: {CURVE_LABELS.get(stat, stat)}",
-                    responsive=True, height=max(300, 16 * n_layers + 70), toolbar=None, xticks=list(range(n_heads)),
-                    yticks=list(range(0, n_layers, -(-n_layers // 16))))
+    d = head_grid_data(queries, step, stat)
+    n_layers, n_heads, label = d["n_layers"], d["n_heads"], d["label"]
+    img = hv.Image(d["grid"][::-1], bounds=(-0.5, -0.5, n_heads - 0.5, n_layers - 0.5), kdims=["head", "layer"],
+                   vdims=[hv.Dimension(stat, label=label)])
+    hover = integer_hover([("layer", "$y{custom}"), ("head", "$x{custom}"), (label, "@image{0.000}")],
+                          {"$x": None, "$y": None})
+    return img.opts(cmap="viridis", clim=d["clim"], colorbar=True, tools=[hover], invert_yaxis=True, xlabel="head",
+                    ylabel="layer", colorbar_opts={"title": label}, title=d["title"], responsive=True,
+                    height=d["height"], toolbar=None, xticks=d["xticks"], yticks=d["yticks"])
 
 
 def top_attended(queries: pl.DataFrame, tokens: pl.DataFrame, step: int, layer: int, head: int | None,
@@ -317,6 +383,6 @@ def empty_tokens() -> pl.DataFrame:
 
 
 __all__ = ["visible", "token_metric_values", "token_layout", "token_at", "token_cursor_boxes", "text_colors",
-           "attention_matrix", "attention_heatmap", "attention_cursor_box", "attention_cursor",
-           "head_grid", "head_box", "top_attended",
+           "attention_matrix", "attention_heatmap_data", "attention_heatmap", "attention_cursor_box",
+           "attention_cursor", "head_grid_values", "head_grid_data", "head_grid", "head_box", "top_attended",
            "empty_telemetry", "empty_tokens", "TELEMETRY_FIELDS"]
