@@ -8,13 +8,11 @@ import importlib
 
 import numpy as np
 import polars as pl
-import pytest
 from bokeh.document import Document
 
 import trajscope as ts
 from trajscope.metrics import eviction as ev
 from trajscope.studies.eviction import needle as nd
-from trajscope.studies.eviction import plots_more as pm
 from trajscope.studies.eviction.split import split_steps
 from trajscope.studies.eviction.state import passkey_of, shipped_needle
 from trajscope.ui.state import AppState

@@ -50,13 +50,6 @@ def test_robust_clim_ignores_a_few_extremes():
     assert ap.robust_clim(np.array([np.nan])) == (0.0, 1.0)
 
 
-def test_head_grid_of_30_layers_is_tall_enough_and_labels_do_not_crowd():
-    q = pl.DataFrame({"step": [0] * 270, "layer": np.repeat(np.arange(30), 9), "head": np.tile(np.arange(9), 30),
-                      "entropy_norm": np.linspace(0, 1, 270)})
-    opts = plots.head_grid(q, 0, "entropy_norm").opts.get().kwargs
-    assert opts["height"] >= 30 * 16 and len(opts["yticks"]) <= 16 and opts["xticks"] == list(range(9))
-
-
 def test_grid_figure_of_30_layers_is_tall_enough_and_labels_do_not_crowd():
     from trajscope.ui.attention_figures import HeadGridFigure
 

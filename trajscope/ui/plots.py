@@ -1,4 +1,4 @@
-"""Plot data and builders: Polars frames (or arrays) in, plot data or HoloViews elements out. Pure functions.
+"""Plot data: Polars frames (or arrays) in, plot data out. Pure functions.
 
 Nothing here reads app state or imports Panel, so a plot is reproducible from a
 run directory and unit-testable. Two kinds, so that moving the step cursor
@@ -8,8 +8,7 @@ redraws almost nothing:
   layout and colours, attention heatmap, head grid); the figures that the app
   builds once per session and fills with this data are in
   :mod:`trajscope.ui.step_figures` (Overview) and :mod:`trajscope.ui.attention_figures`
-  (Attention card). The HoloViews builders here (:func:`attention_heatmap`,
-  :func:`head_grid`) draw the same data as static elements (notebooks, reports);
+  (Attention card);
 - *cursor* coordinates, which depend on the step only (current token outline,
   current query row), set on annotations by the views.
 
@@ -236,36 +235,6 @@ def attention_heatmap_data(traj, layer: int, head: int | None) -> dict:
             "title": f"Attention weights, layer {layer}, {who}" + (SPARSE_NOTE if sparse else "")}
 
 
-def attention_heatmap(matrix: np.ndarray, prompt_len: int, title: str = "Attention", sparse: bool = False,
-                      texts: list[str] | None = None) -> hv.Overlay:
-    """Heatmap of attention weights, query position (rows, top = first) × key position (columns).
-
-    Args:
-        matrix: ``[n_query, n_key]`` weights (rows = query positions 0..n−1).
-        prompt_len: P; dashed lines separate prompt from generated keys (vertical) and the prefill
-            queries of step 0 from the decode steps (horizontal).
-        sparse: the matrix only holds top-k weights (said in the title).
-        texts: token text per position, for the hover (integer positions with their token).
-    Returns:
-        Overlay of ``Image`` (query × key) and the two boundary lines.
-    """
-    nq, nk = matrix.shape
-    img = hv.Image(np.ascontiguousarray(matrix[::-1]), bounds=(-0.5, -0.5, nk - 0.5, nq - 0.5),
-                   kdims=["key_pos", "query_pos"], vdims=["weight"])
-    vmax = float(matrix.max()) if matrix.size else 1.0
-    labels = position_labels(texts, prompt_len) if texts is not None else None
-    hover = integer_hover([("query pos", "$y{custom}"), ("key pos", "$x{custom}"), ("weight", "@image{0.0000}")],
-                          {"$x": labels, "$y": labels})
-    img = img.opts(cmap="Blues", clim=(1e-3, max(vmax, 1e-2)), cnorm="log", colorbar=True,
-                   clipping_colors={"min": "white", "NaN": "white"}, colorbar_opts={"title": "weight (log)"},
-                   invert_yaxis=True, tools=[hover],
-                   xlabel="key position (attended token)", ylabel="query position (step 0 = prompt rows)")
-    line = {"line_dash": "dashed", "line_color": CURSOR_COLOR, "line_width": 1.5}
-    suffix = SPARSE_NOTE if sparse else ""
-    return (img * hv.VLine(prompt_len - 0.5).opts(**line) * hv.HLine(prompt_len - 0.5).opts(**line)).opts(
-        title=title + suffix, responsive=True, height=420, toolbar="right")
-
-
 def attention_cursor_box(step: int, prompt_len: int, n_keys: int) -> dict:
     """Box around the rows queried at ``step`` (all prompt rows at step 0, row P + s − 1 after).
 
@@ -275,13 +244,6 @@ def attention_cursor_box(step: int, prompt_len: int, n_keys: int) -> dict:
     rows = positions.query_positions(step, prompt_len)
     lo, hi = rows[0], rows[-1]
     return {"left": -0.5, "right": n_keys - 0.5, "bottom": lo - 0.5, "top": hi + 0.5}
-
-
-def attention_cursor(step: int, prompt_len: int, n_keys: int) -> hv.Rectangles:
-    """:func:`attention_cursor_box` as a HoloViews element, for static figures."""
-    b = attention_cursor_box(step, prompt_len, n_keys)
-    return hv.Rectangles([(b["left"], b["bottom"], b["right"], b["top"])], kdims=["x0", "y0", "x1", "y1"]).opts(
-        fill_alpha=0.0, line_color=CURSOR_COLOR, line_width=2)
 
 
 def head_box(layer: int, head: int | None, n_heads: int) -> dict:
@@ -321,28 +283,6 @@ def head_grid_data(queries: pl.DataFrame, step: int, stat: str) -> dict:
             "title": f"Every layer × head at this step: {label}" if len(queries) else "Layer × head grid (no run yet)",
             "height": max(300, 16 * n_layers + 70), "xticks": list(range(n_heads)),
             "yticks": list(range(0, n_layers, -(-n_layers // 16)))}
-
-
-def head_grid(queries: pl.DataFrame, step: int, stat: str) -> hv.Image:
-    """Layer × head grid of one statistic at one step as a HoloViews image (:func:`head_grid_data`; outline the
-    selection with :func:`head_box`).
-
-    Args:
-        queries: one row per step × layer × head (:func:`trajscope.metrics.attention.step_queries`).
-        stat: a column of :data:`TELEMETRY_FIELDS`.
-    Returns:
-        ``Image`` of shape ``[n_layers, n_heads]``: x = head, y = layer (cell centres at integers,
-        layer 0 on top), value = ``stat`` (NaN where the step has no row).
-    """
-    d = head_grid_data(queries, step, stat)
-    n_layers, n_heads, label = d["n_layers"], d["n_heads"], d["label"]
-    img = hv.Image(d["grid"][::-1], bounds=(-0.5, -0.5, n_heads - 0.5, n_layers - 0.5), kdims=["head", "layer"],
-                   vdims=[hv.Dimension(stat, label=label)])
-    hover = integer_hover([("layer", "$y{custom}"), ("head", "$x{custom}"), (label, "@image{0.000}")],
-                          {"$x": None, "$y": None})
-    return img.opts(cmap="viridis", clim=d["clim"], colorbar=True, tools=[hover], invert_yaxis=True, xlabel="head",
-                    ylabel="layer", colorbar_opts={"title": label}, title=d["title"], responsive=True,
-                    height=d["height"], toolbar=None, xticks=d["xticks"], yticks=d["yticks"])
 
 
 def top_attended(queries: pl.DataFrame, tokens: pl.DataFrame, step: int, layer: int, head: int | None,
