@@ -69,11 +69,21 @@ def test_card_result_equals_the_study_and_the_plots_carry_it(view, sample_model)
     doc = Document()
     doc.add_root(view.__panel__().get_root(doc))
     models = {m.id for m in doc.models}
+    assert {view.divergence.figure.id, view.attention.figure.id, view.probe.figure.id} <= models
     view.settings.use_synthetic(3)  # a second session: the figures' data change, no Bokeh model is created
     view.run()
     assert view.settings.result is not None and view.settings.result is not res, view.settings.status
     assert {m.id for m in doc.models} == models
     assert list(view.divergence.sources["B_vs_C"].data["rel_l2"]) != list(b_line["rel_l2"])
+
+
+def test_the_result_figures_join_the_page_with_the_first_result(view):
+    doc = Document()
+    doc.add_root(view.__panel__().get_root(doc))
+    assert view.divergence.figure.id not in {m.id for m in doc.models} and not view._result.visible
+    view.run()
+    assert view.settings.result is not None, view.settings.status
+    assert view.divergence.figure.id in {m.id for m in doc.models} and view._result.visible
 
 
 def test_bad_input_gives_one_sentence_before_any_work(view):

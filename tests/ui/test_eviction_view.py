@@ -104,9 +104,12 @@ def test_a_second_result_replaces_the_data_and_creates_no_model(view):
     """The figures are built once: a second result changes their sources, not the set of Bokeh models."""
     doc = Document()
     doc.add_root(view.__panel__().get_root(doc))
+    figures = {view.kept.figure.id, view.costs.figure.id, view.rerun.figure.id, view.split.figure.id}
+    assert not figures & {m.id for m in doc.models}  # no result yet: the page builds none of them
     view.settings.param.update(policy="streamingllm", budget=0.6)
     view.run()
     first = {m.id for m in doc.models}
+    assert figures <= first
     kept_first = view.kept.source.data["image"][0].copy()
     view.settings.param.update(policy="h2o", budget=0.8, window=3)
     view.run()

@@ -51,10 +51,11 @@ class CompactionView(StateView):
         # a Bokeh pane's `visible` follows its figure: the probe is shown or hidden by its Column
         self._probe = pn.Column(pn.pane.Bokeh(self.probe.figure, sizing_mode="stretch_width"), sizing_mode="stretch_width")
         self._probe_note = pn.pane.Markdown("", styles={"font-size": "12px", "color": "#555"})
-        self._result = pn.Column(self._continuations,
-                                 pn.pane.Bokeh(self.divergence.figure, sizing_mode="stretch_width"),
-                                 pn.pane.Bokeh(self.attention.figure, sizing_mode="stretch_width"),
-                                 self._probe, self._probe_note, sizing_mode="stretch_width", visible=False)
+        # the result's panes join its Column with the first result: opening the card builds no hidden figure's views
+        self._result_parts = [self._continuations, pn.pane.Bokeh(self.divergence.figure, sizing_mode="stretch_width"),
+                              pn.pane.Bokeh(self.attention.figure, sizing_mode="stretch_width"), self._probe,
+                              self._probe_note]
+        self._result = pn.Column(sizing_mode="stretch_width", visible=False)
         self.state.param.watch(self._new_run, "revision")
         self.settings.param.watch(self._draw, "result")
 
@@ -127,6 +128,8 @@ class CompactionView(StateView):
             self.probe.show(probe)
         self._probe.visible = probe is not None
         self._probe_note.object = md_text(result.probe_note) if probe is None else result.probe_note
+        if not self._result.objects:
+            self._result.objects = self._result_parts
 
     def __panel__(self):
         s = self.settings

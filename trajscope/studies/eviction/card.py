@@ -74,9 +74,10 @@ class EvictionView(StateView):
         self._split = pn.Column(pn.pane.Markdown(pm.SPLIT_CAPTION, styles=CAPTION, css_classes=["ts-ev-split-caption"]),
                                 panes["split"], self._split_table, sizing_mode="stretch_width", visible=False)
         self._passkey = pn.pane.HTML("", css_classes=["ts-ev-passkey"], visible=False)
-        # a Bokeh pane's `visible` follows its figure: the result is shown or hidden by its Column
-        self._result = pn.Column(panes["kept"], panes["costs"], panes["rerun"], self._split, self._passkey,
-                                 sizing_mode="stretch_width", visible=False)
+        # a Bokeh pane's `visible` follows its figure: the result is shown or hidden by its Column. Its panes join
+        # the Column with the first result, so that opening the card does not build five hidden figures' views
+        self._result_parts = [panes["kept"], panes["costs"], panes["rerun"], self._split, self._passkey]
+        self._result = pn.Column(sizing_mode="stretch_width", visible=False)
         # passkey retrieval: fixed panes; the figure is rebuilt only when the run's model changes
         self._needle = {"model_id": None, "figure": False,
                         "caption": pn.pane.Markdown("", styles=CAPTION, css_classes=["ts-ev-needle-caption"]),
@@ -180,6 +181,8 @@ class EvictionView(StateView):
                 + _table(["policy", "budget", "kept tokens", "answer", "retrieves the key"],
                          pm.passkey_rows(result.table("needle_answers"))))
         self._passkey.visible = "needle_answers" in result.tables
+        if not self._result.objects:
+            self._result.objects = self._result_parts
         self._result.visible = True
 
     def _retrieval(self, *_) -> None:
