@@ -9,7 +9,10 @@ Serves the app in-process on ``--model`` (default ``smollm2``) and drives headle
    browser, the click to the first frame painted after the status reads "Done", and the save of the
    run that follows it (server-side);
 3. presses → / ← ``--presses`` times and times each keypress to the frame where the step readout
-   changed (p50 / p95);
+   changed (p50 / p95), on the Overview (``keypress_to_readout_ms``); with ``--step-tabs`` (e.g.
+   ``--step-tabs Export``), then again on each tab named, opened and ready first (``keypress_to_readout_ms_by_tab``,
+   the Overview's reading included; phases "stepping on …"), and back to the Overview (phase "back to Overview
+   after stepping") before step 4;
 4. for every card in tab order (issue 32: "every card ready ≤ 2 s after Generate ends"): goes back to
    Overview, presses **Generate** again, and in the page, in the frame where the status reads "Done",
    clicks the card's tab (the Overview card is on screen already). The card's readiness is timed in the
@@ -215,6 +218,8 @@ def main() -> None:
     ap.add_argument("--question", default="What is a good way to learn to cook rice?")
     ap.add_argument("--tokens", type=int, default=64, help="max new tokens of the Generate")
     ap.add_argument("--presses", type=int, default=40)
+    ap.add_argument("--step-tabs", nargs="*", default=[], help="also time the keypresses with each of these tabs "
+                    "(titles) active, e.g. Export: the Overview's step cursors then move while it is hidden")
     ap.add_argument("--out", default=None, help="JSON results (default benchmarks/results/app_cards_MODEL.json)")
     ap.add_argument("--shots", default=None, help="folder for one screenshot per card")
     ap.add_argument("--readme-assets", default=None, help="also write the README's three screenshots (Overview, SAE "
@@ -303,17 +308,27 @@ def main() -> None:
                   f"answer: {result['generate']['answer'][:120]!r}")
             # 3. stepping
             page.evaluate("() => document.addEventListener('keydown', () => { window.__key = performance.now(); }, true)")
-            page.evaluate(MARK, "stepping")
-            times = []
-            for i in range(args.presses):
-                page.evaluate("() => document.activeElement && document.activeElement.blur()")
-                before = page.evaluate(READOUT)
-                page.keyboard.press("ArrowLeft" if i % 2 else "ArrowRight")
-                times.append(page.evaluate(MEASURE, before))
-            ok = [t for t in times if t >= 0]
-            result["keypress_to_readout_ms"] = {"p50": statistics.median(ok), "p95": pct(ok, 0.95), "n": len(times),
-                                                "timed_out": len(times) - len(ok)}
-            print(f"keypress → readout: p50 {statistics.median(ok):.0f} ms, p95 {pct(ok, 0.95):.0f} ms")
+            by_tab = result["keypress_to_readout_ms_by_tab"] = {}
+            for step_tab in ["Overview", *args.step_tabs]:
+                if step_tab != "Overview":
+                    page.locator(".bk-tab", has_text=step_tab).first.click()
+                    ready_at(app, page, step_tab, args.hold)
+                page.evaluate(MARK, "stepping" if step_tab == "Overview" else f"stepping on {step_tab}")
+                times = []
+                for i in range(args.presses):
+                    page.evaluate("() => document.activeElement && document.activeElement.blur()")
+                    before = page.evaluate(READOUT)
+                    page.keyboard.press("ArrowLeft" if i % 2 else "ArrowRight")
+                    times.append(page.evaluate(MEASURE, before))
+                ok = [t for t in times if t >= 0]
+                by_tab[step_tab] = {"p50": statistics.median(ok), "p95": pct(ok, 0.95), "n": len(times),
+                                    "timed_out": len(times) - len(ok)}
+                print(f"keypress → readout on {step_tab}: p50 {statistics.median(ok):.0f} ms, p95 {pct(ok, 0.95):.0f} ms")
+            result["keypress_to_readout_ms"] = by_tab["Overview"]
+            if args.step_tabs:
+                page.evaluate(MARK, "back to Overview after stepping")
+                page.locator(".bk-tab", has_text="Overview").first.click()
+                ready_at(app, page, "Overview", args.hold)
             # 4. every card, opened as Generate ends
             names = [name for name, _ in app._cards if args.cards is None or name in args.cards]
             for name in names:
