@@ -18,8 +18,10 @@ Serves the app in-process on ``--model`` (default ``smollm2``) and drives headle
    clicks the card's tab (the Overview card is on screen already). The card's readiness is timed in the
    browser from that frame to the first observation of the card **ready**: its tab active, no
    ``trajscope-*`` worker thread alive on the server, the session not busy, no visible status line ending
-   in "…", and the set of rendered plots (Bokeh model ids) unchanged since and not the Overview's (whose plots
-   stay on screen until the server sends the new tab), with all of that still holding ``--hold``
+   in "…", the tab's content drawn (not the placeholder of a dynamic tab the server has not sent yet), and the
+   set of rendered, visible plots (Bokeh model ids) unchanged since and not the Overview's (with the Overview
+   inside the dynamic Tabs, its plots stayed on screen until the server sent the new tab; the page now hides
+   it in the browser as the tab changes), with all of that still holding ``--hold``
    seconds later (the hold only confirms; it is not counted, and a later change starts the stretch
    again). The state is polled every ~30 ms (each poll waits for an animation frame), so a reading is
    late by at most about one poll. There is no fixed wait: a card that needs no work reads the time its
@@ -67,14 +69,33 @@ MEASURE = """async (before) => {
   while (read() === before) { await new Promise(r => requestAnimationFrame(r)); if (performance.now() - t0 > 10000) return -1; }
   return performance.now() - t0;
 }""" % READOUT
-# the ids of the plots BokehJS has laid out with a size (the visible tab's, the step bar's and the token
-# strip's): ids, not a count, so that one card's plots replacing another's as many is seen as a change
+# the ids of the plots BokehJS has laid out with a size and that are not hidden (the visible tab's, the step
+# bar's and the token strip's; checkVisibility() is false under display: none or content-visibility: hidden,
+# how the page hides the Overview while another tab is active; asked first, as a size asked of a hidden element
+# would lay it out): ids, not a count, so that one card's plots replacing another's as many is seen as a change
 RENDERED = """() => {
   if (typeof Bokeh === 'undefined' || !Bokeh.index) return [];
   const all = []; const walk = v => { all.push(v); for (const c of (v.child_views || [])) walk(c); };
   Object.values(Bokeh.index).forEach(walk);
   return all.filter(v => v.model && (v.model.type === 'Figure' || v.model.constructor.name === 'Figure'))
-            .filter(v => v.el && v.el.getBoundingClientRect().width > 0).map(v => v.model.id).sort();
+            .filter(v => v.el && (!v.el.checkVisibility || v.el.checkVisibility()) && v.el.getBoundingClientRect().width > 0)
+            .map(v => v.model.id).sort();
+}"""
+# whether a Tabs' active panel still holds the placeholder of a dynamic tab not drawn yet (Panel's Spacer
+# tagged "hidden"), i.e. the server has not sent the tab just opened
+PLACEHOLDER = """() => {
+  if (typeof Bokeh === 'undefined' || !Bokeh.index) return false;
+  let found = false;
+  const walk = v => {
+    const m = v.model;
+    if (m && Array.isArray(m.tabs) && typeof m.active === 'number') {
+      const panel = m.tabs[m.active];
+      if (panel && panel.child && (panel.child.tags || []).includes('hidden')) found = true;
+    }
+    for (const c of (v.child_views || [])) walk(c);
+  };
+  Object.values(Bokeh.index).forEach(walk);
+  return found;
 }"""
 # installed before the page's own scripts: every main-thread task over 50 ms, and the phase marks
 LONGTASKS = """(() => {
@@ -108,8 +129,8 @@ POLL = """async () => {
     });
   };
   walk(document);
-  return {t, plots: (%s)(), working, active};
-}""" % RENDERED
+  return {t, plots: (%s)(), placeholder: (%s)(), working, active};
+}""" % (RENDERED, PLACEHOLDER)
 # Generate's end as CLICK_TO_DONE sees it (the first frame whose status reads "Done" after the click), and
 # then at once, in that frame, a click on the tab ``tab`` (null: stay on the tab on screen)
 DONE_THEN_TAB = """([button, status, tab, name]) => {
@@ -157,7 +178,7 @@ def ready_at(app, page, tab: str, hold: float, timeout: float = 900.0, left=None
     while time.perf_counter() - t_wall < timeout:
         server = settled(app)
         obs = page.evaluate(POLL)
-        ok = (server and settled(app) and not obs["working"] and obs["active"] == tab
+        ok = (server and settled(app) and not obs["working"] and obs["active"] == tab and not obs["placeholder"]
               and (left is None or obs["plots"] != left))
         if not ok or start is None or obs["plots"] != last["plots"]:
             start = obs if ok else None
