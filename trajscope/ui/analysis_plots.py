@@ -1,7 +1,7 @@
 """Colour and axis helpers shared by the study cards' plots (Drift, Steering, …). Pure.
 
 The cards' own plot builders live in their study packages (``trajscope/studies/<name>/plots.py``);
-what they share is here: the layer palette, the step axis label, layer ticks that stay
+what they share is here: the layer palette, the step axis label, the Bokeh figures' toolbar and side legend, layer ticks that stay
 legible for 30+ layers, a robust colour range and an empty-plot placeholder.
 """
 
@@ -17,6 +17,17 @@ LAYER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"
 
 
 STEP_AXIS = "step (≤ 0: prompt positions, all read at step 0)"
+FIGURE_TOOLS = "pan,wheel_zoom,box_zoom,reset,save"  # the cards' Bokeh figures' toolbar
+
+
+def side_legend(fig, items: list[tuple[str, list]]):
+    """A click-to-hide legend of ``(label, renderers)`` items, added to the right of the Bokeh figure ``fig``."""
+    from bokeh.models import Legend, LegendItem
+
+    legend = Legend(items=[LegendItem(label=label, renderers=r) for label, r in items], click_policy="hide",
+                    label_text_font_size="8pt")
+    fig.add_layout(legend, "right")
+    return legend
 
 
 def layer_ticks(layers: list[int], max_ticks: int = 16) -> list[int]:

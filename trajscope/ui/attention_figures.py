@@ -25,13 +25,13 @@ from bokeh.models import BoxAnnotation, ColorBar, ColumnDataSource, FixedTicker,
 from bokeh.plotting import figure
 from holoviews.plotting.util import process_cmap
 
+from trajscope.ui.analysis_plots import FIGURE_TOOLS
 from trajscope.ui.plots import CURSOR_COLOR, integer_hover
 from trajscope.ui.step_figures import _on_tap
 
 HEATMAP_X = "key position (attended token)"
 HEATMAP_Y = "query position (step 0 = prompt rows)"
 SELECTION_COLOR = "#ff4136"
-TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 
 
 def _image(fig, mapper) -> tuple[ColumnDataSource, object]:
@@ -51,7 +51,7 @@ class HeatmapFigure:
                                      nan_color="white")
         fig = figure(height=420, sizing_mode="stretch_width", title="Attention weights (no run yet)",
                      x_axis_label=HEATMAP_X, y_axis_label=HEATMAP_Y, x_range=Range1d(-0.5, 0.5),
-                     y_range=Range1d(0.5, -0.5), tools=TOOLS, toolbar_location="right")
+                     y_range=Range1d(0.5, -0.5), tools=FIGURE_TOOLS, toolbar_location="right")
         self.source, image = _image(fig, self.mapper)
         self.hover = integer_hover([("query pos", "$y{custom}"), ("key pos", "$x{custom}"),
                                     ("weight", "@image{0.0000}")], {"$x": None, "$y": None})

@@ -14,23 +14,17 @@ milliseconds and the browser redraws glyphs it already has. The data comes from 
 from __future__ import annotations
 
 import polars as pl
-from bokeh.models import ColumnDataSource, HoverTool, Legend, LegendItem, Range1d, Whisker
+from bokeh.models import ColumnDataSource, HoverTool, Range1d, Whisker
 from bokeh.plotting import figure
 
 from trajscope.studies.compaction.plots import COLORS, PAIRS, SETUPS, attention_by_layer, divergence_by_layer
 from trajscope.studies.compaction.state import SETUP_LABELS, CardResult
-
-TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
+from trajscope.ui.analysis_plots import FIGURE_TOOLS, side_legend
 
 
 def _figure(title: str, x_label: str, y_label: str, height: int = 260, **kw):
     return figure(height=height, sizing_mode="stretch_width", title=title, x_axis_label=x_label, y_axis_label=y_label,
-                  tools=TOOLS, toolbar_location="right", **kw)
-
-
-def _legend(fig, items: list[tuple[str, list]]) -> None:
-    fig.add_layout(Legend(items=[LegendItem(label=label, renderers=r) for label, r in items], click_policy="hide",
-                          label_text_font_size="8pt"), "right")
+                  tools=FIGURE_TOOLS, toolbar_location="right", **kw)
 
 
 def _columns(df: pl.DataFrame, cols: tuple[str, ...]) -> dict:
@@ -56,7 +50,7 @@ class DivergenceFigure:
             lines.append(line)
         fig.add_tools(HoverTool(renderers=lines, tooltips=[("layer", "@layer"), ("rel. L2", "@rel_l2{0.0000}"),
                                                            ("cosine", "@cosine{0.0000}")]))
-        _legend(fig, items)
+        side_legend(fig, items)
         self.figure = fig
 
     def show(self, res: CardResult) -> None:
@@ -79,7 +73,7 @@ class AttentionFigure:
             items.append((SETUP_LABELS[s], [line]))
             lines.append(line)
         fig.add_tools(HoverTool(renderers=lines, tooltips=[("layer", "@layer"), ("on summary", "@summary_mass{0.000}")]))
-        _legend(fig, items)
+        side_legend(fig, items)
         self.figure = fig
 
     def show(self, res: CardResult) -> None:
@@ -112,7 +106,7 @@ class ProbeFigure:
         mj = fig.line("layer", "majority", source=self.majority, color="black", line_dash="dotted")
         fig.add_tools(HoverTool(renderers=dots, tooltips=[("layer", "@layer"),
                                                           ("accuracy", "@accuracy{0.000} [@lo{0.000}, @hi{0.000}]")]))
-        _legend(fig, items + [("shuffled labels (mean over setups)", [sh]), ("majority baseline", [mj])])
+        side_legend(fig, items + [("shuffled labels (mean over setups)", [sh]), ("majority baseline", [mj])])
         self.figure = fig
 
     def show(self, data: dict) -> None:

@@ -26,12 +26,11 @@ from bokeh.models import (
 from bokeh.plotting import figure
 from holoviews.plotting.util import process_cmap
 
-from trajscope.ui.analysis_plots import LAYER_COLORS, STEP_AXIS
+from trajscope.ui.analysis_plots import FIGURE_TOOLS, LAYER_COLORS, STEP_AXIS
 from trajscope.ui.plots import integer_hover
 
 HEATMAP_TITLE = "Residual drift vs prefill profile (diag. Mahalanobis / √d; 1 = typical, red = further){note}"
 CURVES_TITLE = "Drift by layer{some}; dotted = that layer's threshold, calibrated on held-out prefill"
-TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 
 
 class HeatmapFigure:
@@ -48,7 +47,7 @@ class HeatmapFigure:
         self.ticker = FixedTicker(ticks=[])
         fig = figure(height=230, sizing_mode="stretch_width", title=HEATMAP_TITLE.format(note=""),
                      x_axis_label=STEP_AXIS, y_axis_label="layer", x_range=Range1d(-0.5, 0.5),
-                     y_range=Range1d(0.5, -0.5), tools=TOOLS, toolbar_location="right")
+                     y_range=Range1d(0.5, -0.5), tools=FIGURE_TOOLS, toolbar_location="right")
         image = fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=self.source, color_mapper=self.mapper)
         self.hover = integer_hover([("pos", "$x{custom}"), ("layer", "$y{custom}"), ("drift score", "@image{0.00}")],
                                    {"$x": [], "$y": []})
@@ -91,7 +90,7 @@ class CurvesFigure:
 
     def __init__(self):
         fig = figure(height=300, sizing_mode="stretch_width", title=CURVES_TITLE.format(some=""),
-                     x_axis_label=STEP_AXIS, y_axis_label="drift score", y_range=Range1d(0, 1), tools=TOOLS,
+                     x_axis_label=STEP_AXIS, y_axis_label="drift score", y_range=Range1d(0, 1), tools=FIGURE_TOOLS,
                      toolbar_location="right")
         self.sources, self.lines, self.thresholds, items = [], [], [], []
         for color in LAYER_COLORS:

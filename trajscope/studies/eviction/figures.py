@@ -24,8 +24,6 @@ from bokeh.models import (
     ColumnDataSource,
     FixedTicker,
     HoverTool,
-    Legend,
-    LegendItem,
     LinearColorMapper,
     Range1d,
     Whisker,
@@ -34,24 +32,16 @@ from bokeh.plotting import figure
 
 from trajscope.studies.eviction.plots import EVICTED, KEPT
 from trajscope.studies.eviction.plots_more import ACCUMULATED, PER_STEP
-from trajscope.ui.analysis_plots import LAYER_COLORS
+from trajscope.ui.analysis_plots import FIGURE_TOOLS, LAYER_COLORS, side_legend
 from trajscope.ui.plots import integer_hover
 
-TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 STEP_AXIS = "step (decode)"
 DIFFERS = "#d62728"
 
 
-def _legend(fig, items: list[tuple[str, list]]) -> Legend:
-    legend = Legend(items=[LegendItem(label=label, renderers=r) for label, r in items], click_policy="hide",
-                    label_text_font_size="8pt")
-    fig.add_layout(legend, "right")
-    return legend
-
-
 def _step_figure(title: str, y_label: str, **kw):
     return figure(height=260, sizing_mode="stretch_width", title=title, x_axis_label=STEP_AXIS,
-                  y_axis_label=y_label, tools=TOOLS, toolbar_location="right", **kw)
+                  y_axis_label=y_label, tools=FIGURE_TOOLS, toolbar_location="right", **kw)
 
 
 class KeptFigure:
@@ -67,7 +57,7 @@ class KeptFigure:
         self.ticker = FixedTicker(ticks=[])
         fig = figure(height=300, sizing_mode="stretch_width", title="Kept prompt keys",
                      x_axis_label="prompt position (pos, prefill)", y_axis_label="layer and head",
-                     x_range=Range1d(-0.5, 0.5), y_range=Range1d(0.5, -0.5), tools=TOOLS, toolbar_location="right")
+                     x_range=Range1d(-0.5, 0.5), y_range=Range1d(0.5, -0.5), tools=FIGURE_TOOLS, toolbar_location="right")
         image = fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=self.source,
                           color_mapper=LinearColorMapper(palette=[EVICTED, KEPT], low=0, high=1))
         self.hover = integer_hover([("pos", "$x{custom}"), ("layer/head", "$y{custom}"), ("key", "@image{custom}")],
@@ -107,7 +97,7 @@ class CostsFigure:
         hover = [("step", "@step{0}"), ("query token", "@token")]
         fig.add_tools(HoverTool(renderers=[rec], tooltips=hover + [("recall", "@recall{0.000}")]),
                       HoverTool(renderers=[evi], tooltips=hover + [("evicted mass", "@evicted{0.000}")]))
-        self.legend = _legend(fig, [("recall@8 of decode attention in the kept set", [rec]),
+        self.legend = side_legend(fig, [("recall@8 of decode attention in the kept set", [rec]),
                                     ("attention mass on evicted prompt keys", [evi])])
         self.figure = fig
 
@@ -135,7 +125,7 @@ class RerunFigure:
         fig.add_tools(HoverTool(renderers=[line], tooltips=hover + [("KL (nats)", "@kl_to_full{0.0000}"),
                                                                     ("same greedy token", "@agrees{0}")]),
                       HoverTool(renderers=[marks], tooltips=hover))
-        self.legend = _legend(fig, [("KL(p_full ‖ p_masked), teacher-forced", [line]),
+        self.legend = side_legend(fig, [("KL(p_full ‖ p_masked), teacher-forced", [line]),
                                     ("greedy token differs (free-running)", [marks]),
                                     ("first divergence", [first_item])])
         self.figure = fig
@@ -163,7 +153,7 @@ class SplitFigure:
         acc = fig.line("step", "kl_accumulated", source=self.lines, color=ACCUMULATED, line_width=2)
         fig.add_tools(HoverTool(renderers=[per, acc], tooltips=[
             ("step", "@step{0}"), ("per-step KL", "@kl_per_step{0.0000}"), ("accumulated KL", "@kl_accumulated{0.0000}")]))
-        _legend(fig, [("per-step arm (history unmasked)", [per]),
+        side_legend(fig, [("per-step arm (history unmasked)", [per]),
                       ("accumulated arm (every decode query masked)", [acc])])
         self.figure = fig
 
@@ -189,7 +179,7 @@ def needle_figure(table: pl.DataFrame, model_id: str):
     x0, x1 = budgets[0] / 1.3, budgets[-1] * 1.3
     fig = figure(height=280, sizing_mode="stretch_width", title=NEEDLE_TITLE.format(model=model_id, n=n),
                  x_axis_type="log", x_axis_label="budget (kept share of the prompt)", y_axis_label="accuracy",
-                 x_range=Range1d(x0, x1), y_range=Range1d(-0.05, 1.05), tools=TOOLS, toolbar_location="right")
+                 x_range=Range1d(x0, x1), y_range=Range1d(-0.05, 1.05), tools=FIGURE_TOOLS, toolbar_location="right")
     fig.xaxis.ticker = FixedTicker(ticks=budgets)  # the budgets the study ran (a log axis labels few of them)
     items, lines = [], []
     full = table.filter(pl.col("policy") == "full")
@@ -214,7 +204,7 @@ def needle_figure(table: pl.DataFrame, model_id: str):
     fig.add_tools(HoverTool(renderers=lines, tooltips=[
         ("policy", "@policy"), ("budget", "@budget"), ("accuracy", "@accuracy{0.00} [@lo{0.00}, @hi{0.00}]"),
         ("n prompts", "@n")]))
-    _legend(fig, items)
+    side_legend(fig, items)
     return fig
 
 
