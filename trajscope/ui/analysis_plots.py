@@ -1,8 +1,9 @@
-"""Colour and axis helpers shared by the study cards' plots (Drift, Steering, …). Pure.
+"""Colour and axis helpers shared by the study cards' plots (Drift, Steering, …).
 
 The cards' own plot builders live in their study packages (``trajscope/studies/<name>/plots.py``);
-what they share is here: the layer palette, the step axis label, the Bokeh figures' toolbar and side legend, layer ticks that stay
-legible for 30+ layers, a robust colour range and an empty-plot placeholder.
+what they share is here: the layer palette, the step axis label, the Bokeh figures' toolbar and side
+legend, layer ticks that stay legible for 30+ layers, a robust colour range and an empty-plot
+placeholder. All are pure except :func:`side_legend`, which adds a legend to the figure it is given.
 """
 
 from __future__ import annotations

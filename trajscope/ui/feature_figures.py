@@ -18,6 +18,7 @@ import numpy as np
 from bokeh.models import BoxAnnotation, ColorBar, ColumnDataSource, FixedTicker, HoverTool, LinearColorMapper, Range1d, Span
 from bokeh.plotting import figure
 
+from trajscope.ui.analysis_plots import FIGURE_TOOLS
 from trajscope.ui.feature_plots import DECODE_START
 from trajscope.ui.plots import PREFILL_COLOR
 
@@ -45,7 +46,7 @@ class TimelineFigure:
         self.ticker = FixedTicker(ticks=[])
         fig = figure(height=260, sizing_mode="stretch_width", title=TIMELINE_TITLE.format(n=0),
                      x_axis_label=STEP_LABEL, y_axis_label="feature", x_range=Range1d(-0.5, 1.5),
-                     y_range=Range1d(0.5, -0.5), tools="pan,wheel_zoom,box_zoom,reset,save", toolbar_location="right")
+                     y_range=Range1d(0.5, -0.5), tools=FIGURE_TOOLS, toolbar_location="right")
         rects = fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=self.source, line_alpha=0,
                          fill_color={"field": "activation", "transform": self.mapper})
         fig.add_tools(HoverTool(renderers=[rects], tooltips=[("step", "@step"), ("feature", "@feature"),

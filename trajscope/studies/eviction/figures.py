@@ -98,7 +98,7 @@ class CostsFigure:
         fig.add_tools(HoverTool(renderers=[rec], tooltips=hover + [("recall", "@recall{0.000}")]),
                       HoverTool(renderers=[evi], tooltips=hover + [("evicted mass", "@evicted{0.000}")]))
         self.legend = side_legend(fig, [("recall@8 of decode attention in the kept set", [rec]),
-                                    ("attention mass on evicted prompt keys", [evi])])
+                                        ("attention mass on evicted prompt keys", [evi])])
         self.figure = fig
 
     def show(self, data: dict) -> None:
@@ -126,8 +126,8 @@ class RerunFigure:
                                                                     ("same greedy token", "@agrees{0}")]),
                       HoverTool(renderers=[marks], tooltips=hover))
         self.legend = side_legend(fig, [("KL(p_full ‖ p_masked), teacher-forced", [line]),
-                                    ("greedy token differs (free-running)", [marks]),
-                                    ("first divergence", [first_item])])
+                                        ("greedy token differs (free-running)", [marks]),
+                                        ("first divergence", [first_item])])
         self.figure = fig
 
     def show(self, data: dict) -> None:
@@ -154,7 +154,7 @@ class SplitFigure:
         fig.add_tools(HoverTool(renderers=[per, acc], tooltips=[
             ("step", "@step{0}"), ("per-step KL", "@kl_per_step{0.0000}"), ("accumulated KL", "@kl_accumulated{0.0000}")]))
         side_legend(fig, [("per-step arm (history unmasked)", [per]),
-                      ("accumulated arm (every decode query masked)", [acc])])
+                          ("accumulated arm (every decode query masked)", [acc])])
         self.figure = fig
 
     def show(self, data: dict) -> None:
