@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's first command, verbatim, on a fresh copy of this checkout with no test extra, then
 # the served page checked in headless Chromium (.ci/first_page.py, with the test environment's
-# Playwright). Fails when the page renders no plots, reports an error, or the server logs a traceback.
+# Playwright). Fails when the page renders no plots, reports an error, its browser console reports a script
+# error, or the server logs a traceback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)

@@ -118,6 +118,19 @@ def test_generate_streams_and_counter_advances(page):
     wait_until(lambda: "prompt is empty" in text(page, ".ts-error"), page, timeout=TIMEOUT)
 
 
+def test_the_autostarted_first_page_raises_no_script_error(page):
+    """The page without a run starts Generate as it is drawn; the buttons that run disables must not get that
+    change before the browser has rendered them (BokehJS then throws on the button's missing element)."""
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    apps = serve(page, run_dir="/nonexistent", max_new_tokens=8)
+    wait_until(lambda: apps[0].state.trajectory is not None and not apps[0].state.busy, page, timeout=120_000)
+    wait_until(lambda: "Step 7 / 7" in readout(page), page, timeout=TIMEOUT)
+    page.wait_for_timeout(500)
+    assert errors == []
+    assert page.locator(".ts-generate button").is_enabled() and page.locator(".ts-stop button").is_disabled()
+
+
 def test_player_and_arrow_keys_move_marker(page, short_run_dir):
     apps = serve(page, run_dir=short_run_dir)
     app = apps[0]

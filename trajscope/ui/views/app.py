@@ -136,10 +136,28 @@ class TrajScope(StateView):
         self.state.trajectory = None
 
     def _autostart(self) -> None:
+        """Load the model now; start the first run (``autostart``) once the browser has drawn Generate and Stop.
+
+        The ticker reports being drawn (see :mod:`~trajscope.ui.views.ticker`); a page without a browser
+        (a script, a test) starts at once.
+        """
         self.controls.warm_up()
-        if self.autostart and not self._started and self.state.trajectory is None:
-            self._started = True
-            self.controls.generate()
+        if not (self.autostart and not self._started and self.state.trajectory is None):
+            return
+        ticker = self.controls.ticker
+
+        def start(*_):
+            if ticker.drawn or pn.state.curdoc is None or pn.state.curdoc.session_context is None:
+                if watcher is not None:
+                    ticker.param.unwatch(watcher)
+                if not self._started and self.state.trajectory is None:
+                    self._started = True
+                    self.controls.generate()
+
+        watcher = None
+        start()
+        if not self._started:
+            watcher = ticker.param.watch(start, "drawn")
 
     def sidebar(self) -> pn.Column:
         """Model, prompt, settings, Generate / Stop, open a run."""

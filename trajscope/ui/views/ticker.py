@@ -8,6 +8,12 @@ once; a change of ``step`` / ``text`` only sets their ``textContent`` and a bar
 width, so streaming a long generation costs the browser almost nothing. When no
 generation runs it shows the app's status line (``AppState.status``) in the same
 fixed box, so pressing Generate or finishing a run changes no layout either.
+
+The ticker also tells the server when the browser has drawn it (``drawn``). It
+sits after Generate and Stop, which are drawn before it: the app starts its
+first run only then, because BokehJS fails on a change of a button's
+``disabled`` that arrives before the button is drawn, and drops the rest of
+that message (Stop stayed enabled after a short first run).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ class Ticker(JSComponent):
     max_steps = param.Integer(default=1, doc="Steps planned.")
     text = param.String(default="", doc="Generated text so far (tail), whitespace made visible.")
     message = param.String(default="", doc="What is happening (loading, stopping, …).")
+    drawn = param.Boolean(default=False, doc="The browser has drawn the ticker (set from the browser, once).")
 
     _stylesheets = ["""
     .ts-tick { font-size: 12px; height: 92px; overflow: hidden; }
@@ -55,6 +62,7 @@ class Ticker(JSComponent):
         inner.textContent = model.text;
       };
       update();
+      if (!model.drawn) model.drawn = true;
       model.on(['active', 'step', 'max_steps', 'text', 'message', 'status'], update);
       return root;
     }
