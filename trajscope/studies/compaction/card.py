@@ -26,6 +26,7 @@ from trajscope.studies.compaction import plots as cp
 from trajscope.studies.compaction.figures import AttentionFigure, DivergenceFigure, ProbeFigure
 from trajscope.studies.compaction.state import CompactionSettings, run_session, summary_line
 from trajscope.ui.views._base import StateView, any_of, in_background
+from trajscope.ui.views.spinner import Spinner
 
 NOTE = ("A masks T1 and T2 from T3's first query on through the model's key mask (the summary's states, computed "
         "while T1/T2 were visible, are kept); B recomputes `<sys> <summary> <T3>` with fresh positions; C keeps "
@@ -144,7 +145,7 @@ class CompactionView(StateView):
         run_btn = pn.widgets.Button(label="Run", color="primary", width=80, css_classes=["ts-cp-run"],
                                     disabled=pn.bind(any_of, s.param.busy, self.state.param.busy))
         run_btn.on_click(self.run)
-        busy = pn.indicators.LoadingSpinner(value=s.param.busy, width=24, height=24)
+        busy = Spinner(value=s.param.busy, css_classes=["ts-busy"])
         return pn.Column(
             pn.pane.Markdown(NOTE, styles={"font-size": "12px", "color": "#555"}),
             *fields, pn.Row(n_new, syn, run_btn, busy),

@@ -32,6 +32,7 @@ from trajscope.studies.eviction.figures import CostsFigure, KeptFigure, RerunFig
 from trajscope.studies.eviction.state import LABELS, EvictionSettings, passkey_of, run_study, shipped_needle
 from trajscope.ui.views._base import StateView, any_of, in_background
 from trajscope.ui.views._cursor import Cursor, vline
+from trajscope.ui.views.spinner import Spinner
 
 NOTE = ("The study captures its own greedy run of this prompt (as many steps as this run) with every layer's "
         "attention, chooses the kept prompt keys after prefill, then re-runs decode with the evicted keys masked "
@@ -219,7 +220,7 @@ class EvictionView(StateView):
         run_btn = pn.widgets.Button(label="Run", color="primary", width=80, css_classes=["ts-ev-run"],
                                     disabled=pn.bind(any_of, s.param.busy, self.state.param.busy))
         run_btn.on_click(self.run)
-        busy = pn.indicators.LoadingSpinner(value=s.param.busy, width=24, height=24)
+        busy = Spinner(value=s.param.busy, css_classes=["ts-busy"])
         return pn.Column(
             pn.pane.Markdown(NOTE, styles={"font-size": "12px", "color": "#555"}),
             pn.Row(policy, budget, window, run_btn, busy),

@@ -26,6 +26,7 @@ from trajscope.studies.steering.state import (
 )
 from trajscope.ui.tables import table_pane
 from trajscope.ui.views._base import StateView, any_of, dispatcher, in_slot
+from trajscope.ui.views.spinner import Spinner
 
 SWEEP_WINDOW = 10  # steered steps per depth in the card's sweep (every depth the same)
 
@@ -187,7 +188,7 @@ class SteeringView(StateView):
         stop_btn.on_click(self.stop)
         for b in (steer_btn, sweep_btn):  # off while a steer runs, and while Generate replaces the run
             b.disabled = pn.bind(any_of, s.param.busy, self.state.param.busy)
-        busy = pn.indicators.LoadingSpinner(value=s.param.busy, width=24, height=24)
+        busy = Spinner(value=s.param.busy, css_classes=["ts-busy"])
         controls = pn.Row(
             pn.widgets.TextInput.from_param(s.param.pairs_path, name="CAA contrast pairs", width=330),
             pn.widgets.IntInput.from_param(s.param.layer, name="Layer", width=70),
