@@ -168,9 +168,15 @@ def test_token_strip_colours_a_chat_run_by_segment(short_run):
     assert (fig.mapper.low, fig.mapper.high) == (-0.5, len(positions.SEGMENTS) - 0.5)
     assert fig.colorbar.major_label_overrides == dict(enumerate(positions.SEGMENTS))
     assert fig.hover.tooltips[-1] == ("segment", "@segment")
+    assert list(fig.colorbar.ticker.ticks) == list(range(len(positions.SEGMENTS)))
     # a numeric metric afterwards gets its scale back
     fig.show(lay, P, "entropy", ["#000000", "#ffffff"])
     assert fig.colorbar.major_label_overrides == {} and fig.hover.tooltips[-1] == ("entropy", "@value{0.000}")
+    # switching back and forth reuses the figure's models: no new ticker is sent to the page per run
+    models = {m.id for m in fig.figure.references()}
+    fig.show(lay, P, "segment", list(plots.SEGMENT_COLORS.values()), categories=list(plots.SEGMENT_COLORS))
+    fig.show(lay, P, "entropy", ["#000000", "#ffffff"])
+    assert {m.id for m in fig.figure.references()} == models
     # a run without a segment column: no colour, no error
     old = plots.token_metric_values(short_run.tokens.drop("segment", strict=False), "segment")
     assert old["value"].null_count() == len(old)

@@ -148,7 +148,10 @@ class TokenStripFigure:
                                                             ("token", "@token"), ("phase", "@phase"),
                                                             ("segment", "@segment"), ("value", "@value{0.000}")])
         fig.add_tools(self.hover)
-        self.colorbar = ColorBar(color_mapper=self.mapper, width=10, title="value", title_text_font_size="8pt")
+        # the colour bar's two tickers, made once: a new ticker model per run would add a model to the document
+        self.scale_ticker, self.category_ticker = BasicTicker(), FixedTicker(ticks=[])
+        self.colorbar = ColorBar(color_mapper=self.mapper, width=10, title="value", title_text_font_size="8pt",
+                                 ticker=self.scale_ticker)
         fig.add_layout(self.colorbar, "right")
         self.figure = fig
 
@@ -164,11 +167,11 @@ class TokenStripFigure:
         lo, hi = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
         if categories:
             lo, hi = -0.5, len(categories) - 0.5
-            self.colorbar.ticker = FixedTicker(ticks=list(range(len(categories))))
-            self.colorbar.major_label_overrides = {i: name for i, name in enumerate(categories)}
+            self.category_ticker.ticks = list(range(len(categories)))
+            self.colorbar.update(ticker=self.category_ticker,
+                                 major_label_overrides={i: name for i, name in enumerate(categories)})
         else:
-            self.colorbar.ticker = BasicTicker()
-            self.colorbar.major_label_overrides = {}
+            self.colorbar.update(ticker=self.scale_ticker, major_label_overrides={})
         if centred:
             m = max(abs(lo), abs(hi), 1e-9)
             lo, hi = -m, m
