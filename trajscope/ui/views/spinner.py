@@ -44,4 +44,5 @@ class Spinner(JSComponent):
     def __init__(self, **params):
         params.setdefault("width", 24)
         params.setdefault("height", 24)
+        params.setdefault("margin", (12, 5, 5, 5))  # level with the button beside it in a row of labelled inputs
         super().__init__(**params)
