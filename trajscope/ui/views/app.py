@@ -136,11 +136,28 @@ class TrajScope(StateView):
         self.state.trajectory = None
 
     def _autostart(self) -> None:
-        """Load the model now, and start the first run when ``autostart`` and no run is shown."""
+        """Load the model now; start the first run (``autostart``) once the browser has drawn Generate and Stop.
+
+        The ticker reports being drawn (see :mod:`~trajscope.ui.views.ticker`); a page without a browser
+        (a script, a test) starts at once.
+        """
         self.controls.warm_up()
-        if self.autostart and not self._started and self.state.trajectory is None:
-            self._started = True
-            self.controls.generate()
+        if not (self.autostart and not self._started and self.state.trajectory is None):
+            return
+        ticker = self.controls.ticker
+
+        def start(*_):
+            if ticker.drawn or pn.state.curdoc is None or pn.state.curdoc.session_context is None:
+                if watcher is not None:
+                    ticker.param.unwatch(watcher)
+                if not self._started and self.state.trajectory is None:
+                    self._started = True
+                    self.controls.generate()
+
+        watcher = None
+        start()
+        if not self._started:
+            watcher = ticker.param.watch(start, "drawn")
 
     def sidebar(self) -> pn.Column:
         """Model, prompt, settings, Generate / Stop, open a run."""
@@ -192,11 +209,11 @@ class TrajScope(StateView):
         cards = pn.Column(sizing_mode="stretch_width")
 
         def draw() -> None:
-            self._autostart()  # first: Generate and Stop are made in the running state (see Controls.__panel__)
             side[:] = [self.sidebar()]
             top, tabs = self._main_parts()
             main[:] = [top]
             cards[:] = [tabs]
+            self._autostart()
 
         tpl = Page(title=TITLE, sidebar=[side], main=[main, cards], font=FONT,
                                            sidebar_width=340, accent="#1f77b4", theme_toggle=False,
