@@ -142,22 +142,18 @@ class TrajScope(StateView):
         (a script, a test) starts at once.
         """
         self.controls.warm_up()
-        if not (self.autostart and not self._started and self.state.trajectory is None):
-            return
         ticker = self.controls.ticker
 
-        def start(*_):
-            if ticker.drawn or pn.state.curdoc is None or pn.state.curdoc.session_context is None:
-                if watcher is not None:
-                    ticker.param.unwatch(watcher)
-                if not self._started and self.state.trajectory is None:
-                    self._started = True
-                    self.controls.generate()
+        def start(*_):  # once: `_started` turns every later call into nothing
+            doc = pn.state.curdoc
+            drawn = ticker.drawn or doc is None or doc.session_context is None
+            if drawn and self.autostart and not self._started and self.state.trajectory is None:
+                self._started = True
+                self.controls.generate()
 
-        watcher = None
         start()
-        if not self._started:
-            watcher = ticker.param.watch(start, "drawn")
+        if self.autostart and not self._started and self.state.trajectory is None:
+            ticker.param.watch(start, "drawn")
 
     def sidebar(self) -> pn.Column:
         """Model, prompt, settings, Generate / Stop, open a run."""
