@@ -75,11 +75,23 @@ def _operator(tmp_path_factory, monkeypatch, _runs_dir):
 
 @pytest.fixture(autouse=True)
 def _servers():
-    """Stop the Panel servers a test started (browser tests serve the app in-process)."""
+    """Stop the Panel servers a test started (browser tests serve the app in-process), then check that no
+    callback failed inside Bokeh's process-wide ``curdoc()`` stack: a document left there is what every later
+    test in this process would get from ``curdoc()`` (see :mod:`trajscope.ui.views.unlocked`)."""
     yield
+    import time
+
     import panel as pn
+    from bokeh.io import doc as bokeh_doc
 
     pn.state.kill_all_servers()
+    deadline = time.monotonic() + 5  # a callback still running on a stopping server pops its own entry
+    while bokeh_doc._PATCHED_CURDOCS and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = len(bokeh_doc._PATCHED_CURDOCS)
+    bokeh_doc._PATCHED_CURDOCS.clear()  # the next test starts clean either way
+    assert left == 0, (f"{left} Bokeh document(s) left on curdoc()'s stack: a server callback raised inside "
+                       "bokeh.io.doc.patch_curdoc during this test (its traceback is in the log)")
 
 
 @pytest.fixture
@@ -91,3 +103,4 @@ def app_page(page, sample_model, fresh_models):
 
     runner._MODELS[("sample", False, None)] = sample_model
     return page, serve_app(page, default_page)
+

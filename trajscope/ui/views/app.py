@@ -34,6 +34,7 @@ from trajscope.ui.views.live import LiveView
 from trajscope.ui.views.player import StepPlayer
 from trajscope.ui.views.telemetry import TelemetryView
 from trajscope.ui.views.tokens import TokenStrip
+from trajscope.ui.views import unlocked
 
 FONT = "Liberation Sans, Arial, Helvetica, sans-serif"  # installed fonts; no web font
 TITLE = "trajscope — does decode still look like prefill?"
@@ -99,6 +100,7 @@ class TrajScope(StateView):
     autostart = param.Boolean(default=False, doc="Generate a first run when the app is shown without one.")
 
     def __init__(self, model: str = "sample", trajectory: Trajectory | str | os.PathLike | None = None, **params):
+        unlocked.install()  # a browser event handled without the document lock still redraws the figures
         state_params = {k: params.pop(k) for k in list(params) if k in AppState.param and k != "name"}
         if isinstance(trajectory, (str, os.PathLike)):
             trajectory = Trajectory.load(trajectory)
