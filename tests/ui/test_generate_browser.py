@@ -6,8 +6,6 @@ shipped demo run, then generates a *new* run from the page, as a user would.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 
@@ -17,9 +15,6 @@ from panel.tests.util import wait_until  # noqa: E402
 from browser import TITLES, set_field  # noqa: E402
 
 TIMEOUT = 90_000
-LONGTASKS = """() => { window.__lt = []; new PerformanceObserver(l => { for (const e of l.getEntries())
-    window.__lt.push([e.startTime, e.duration]); }).observe({entryTypes: ['longtask']}); }"""
-
 
 def generate(page, app, n: int, prompt: str = "class Stack:\n    def push(self, x):\n") -> None:
     area = page.locator(".ts-prompt textarea")
@@ -68,29 +63,21 @@ def test_stop_ends_within_one_step_and_keeps_steps(app_page):
     assert traj.n_steps >= 20 and len(traj.tokens) == traj.prompt_len + traj.n_steps
 
 
-def test_no_long_task_while_streaming(app_page):
-    """No main-thread task over 200 ms while the steps stream in (300 steps).
+def test_a_long_run_streams_its_steps_to_the_ticker_and_the_live_figure(app_page):
+    """300 steps reach the page while they are generated, not only at the end.
 
-    The window is from the click to the moment the capture ends on the server; drawing the
-    finished run afterwards is measured by ``benchmarks/app_generate.py``.
+    How long the page's main-thread tasks take meanwhile is measured by ``benchmarks/app_generate.py``
+    (its streaming window), not asserted here.
     """
     page, app = app_page
-    time.sleep(2)  # let the first render settle
-    page.evaluate(LONGTASKS)
     ticks = set()
     app.controls.ticker.param.watch(lambda e: ticks.add(e.new), "step")
     generate(page, app, 300)
-    t_click = page.evaluate("() => performance.now()")
-    wait_until(lambda: app.controls.job is not None and bool(app.controls.job.timings), page, timeout=TIMEOUT)
-    # the window ends when the capture ended on the server, in the page's clock (same machine, epoch time):
-    # polling for it here would let the finished run's drawing slip into the window
-    captured_epoch = time.time() - (time.monotonic() - app.controls.job.t_captured)
-    t_end = captured_epoch * 1000 - page.evaluate("() => performance.timeOrigin")
+    wait_until(lambda: app.controls.job is not None and app.state.busy, page, timeout=TIMEOUT)
     wait_until(lambda: not app.state.busy, page, timeout=TIMEOUT)
     assert app.state.trajectory.n_steps == 300
-    tasks = [(round(s - t_click), round(d)) for s, d in page.evaluate("() => window.__lt") if t_click <= s <= t_end]
-    assert all(d <= 200 for _, d in tasks), tasks
     assert len(ticks) >= 3, f"the ticker showed too few intermediate steps: {sorted(ticks)}"
+    assert app.live.n_streamed > 0, "the live figure got no steps before the run ended"
 
 
 READOUT_MS = """async (before) => {
@@ -104,8 +91,12 @@ READOUT_MS = """async (before) => {
 }"""
 
 
-def test_step_changes_stay_responsive_during_a_long_generation(app_page):
-    """A 1,000-step generation runs while the user steps through the run on screen."""
+def test_step_changes_move_the_readout_during_a_long_generation(app_page):
+    """A 1,000-step generation runs while the user steps through the run on screen: every key press shows.
+
+    Each press must change the step readout (within 5 s); the latency's p95 is measured by
+    ``benchmarks/app_generate.py`` (``--presses-generating``), not asserted here.
+    """
     page, app = app_page
     page.evaluate("() => document.addEventListener('keydown', () => { window.__key = performance.now(); }, true)")
     generate(page, app, 1000)
@@ -121,7 +112,4 @@ def test_step_changes_stay_responsive_during_a_long_generation(app_page):
     app.controls.stop()
     wait_until(lambda: not app.state.busy, page, timeout=TIMEOUT)
     assert len(times) >= 10, f"the generation ended before enough key presses: {times}"
-    times.sort()
-    p95 = times[int(0.95 * (len(times) - 1))]
-    print(f"keypress to readout while generating: p50 {times[len(times) // 2]:.0f} ms, p95 {p95:.0f} ms")
-    assert min(times) >= 0 and p95 <= 250, f"keypress to readout (ms) while generating: {times}"
+    assert min(times) >= 0, f"a key press left the step readout unchanged for 5 s (ms per press): {times}"
