@@ -16,6 +16,7 @@ from browser import TITLES, set_field  # noqa: E402
 
 TIMEOUT = 90_000
 
+
 def generate(page, app, n: int, prompt: str = "class Stack:\n    def push(self, x):\n") -> None:
     area = page.locator(".ts-prompt textarea")
     area.click()

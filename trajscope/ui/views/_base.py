@@ -101,6 +101,12 @@ def any_of(*flags: bool) -> bool:
     return any(flags)
 
 
+def served(doc) -> bool:
+    """``doc`` (a Bokeh document, or None) belongs to a browser session of a Panel server, not to a notebook's
+    comms, a script or a test without a server. Pass ``pn.state.curdoc`` for the current one."""
+    return doc is not None and doc.session_context is not None
+
+
 @contextlib.contextmanager
 def redraw_once(doc=None) -> Iterator[None]:
     """Batch every plot update made inside the block into one document change.
@@ -163,14 +169,14 @@ def dispatcher(doc=None) -> Callable[[Callable[[], None]], None]:
             fn()
 
     def dispatch(fn: Callable[[], None]) -> None:
-        if doc is not None and doc.session_context is not None:
+        if served(doc):
             doc.add_next_tick_callback(lambda: run(fn))
         elif loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(run, fn)
         else:
             fn()
 
-    dispatch.deferred = (doc is not None and doc.session_context is not None) or loop is not None
+    dispatch.deferred = served(doc) or loop is not None
     return dispatch
 
 
@@ -209,7 +215,7 @@ def in_background(work: Callable[[], object], apply: Callable[[object], None], o
         apply(value) if ok else on_error(str(value))
 
     doc = doc if doc is not None else pn.state.curdoc
-    if inline or doc is None or doc.session_context is None:
+    if inline or not served(doc):
         finish(attempt())
         return
     dispatch = dispatcher(doc)

@@ -22,6 +22,7 @@ from panel.io.notebook import push_notebook
 from panel.io.state import state
 
 from trajscope.ui.plots import CURSOR_COLOR
+from trajscope.ui.views._base import served
 
 
 def box(**style) -> Callable[[], BoxAnnotation]:
@@ -95,7 +96,7 @@ class Cursor:
             apply = partial(self._apply, anns, props)
             # Panel's own rule for touching models: now when this thread may dispatch the document's
             # events (dispatching them to the sockets), else on the session's next tick, under its lock.
-            if doc is None or doc.session_context is None or state._unblocked(doc):
+            if not served(doc) or state._unblocked(doc):
                 with unlocked():
                     apply()
             else:

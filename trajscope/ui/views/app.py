@@ -25,7 +25,7 @@ from panel.theme import Design, Fast
 from trajscope.studies.registry import cards as registered_cards
 from trajscope.trajectory import Trajectory
 from trajscope.ui.state import AppState
-from trajscope.ui.views._base import StateView, provenance_line
+from trajscope.ui.views._base import StateView, provenance_line, served
 from trajscope.ui.views.attention import AttentionView
 from trajscope.ui.views.controls import Controls
 from trajscope.ui.views.export import ExportView
@@ -138,24 +138,11 @@ class TrajScope(StateView):
         self.state.trajectory = None
 
     def _autostart(self) -> None:
-        """Load the model now; start the first run (``autostart``) once the browser has drawn Generate and Stop.
-
-        The ticker reports being drawn (see :mod:`~trajscope.ui.views.ticker`); a page without a browser
-        (a script, a test) starts at once.
-        """
+        """Load the model now, and start the first run when ``autostart`` and no run is shown."""
         self.controls.warm_up()
-        ticker = self.controls.ticker
-
-        def start(*_):  # once: `_started` turns every later call into nothing
-            doc = pn.state.curdoc
-            drawn = ticker.drawn or doc is None or doc.session_context is None
-            if drawn and self.autostart and not self._started and self.state.trajectory is None:
-                self._started = True
-                self.controls.generate()
-
-        start()
         if self.autostart and not self._started and self.state.trajectory is None:
-            ticker.param.watch(start, "drawn")
+            self._started = True
+            self.controls.generate()
 
     def sidebar(self) -> pn.Column:
         """Model, prompt, settings, Generate / Stop, open a run."""
@@ -207,11 +194,11 @@ class TrajScope(StateView):
         cards = pn.Column(sizing_mode="stretch_width")
 
         def draw() -> None:
+            self._autostart()  # first: Generate and Stop are made in the running state (see Controls.__panel__)
             side[:] = [self.sidebar()]
             top, tabs = self._main_parts()
             main[:] = [top]
             cards[:] = [tabs]
-            self._autostart()
 
         tpl = Page(title=TITLE, sidebar=[side], main=[main, cards], font=FONT,
                                            sidebar_width=340, accent="#1f77b4", theme_toggle=False,
@@ -226,7 +213,7 @@ class TrajScope(StateView):
         return tpl
 
     def __panel__(self):
-        if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
+        if served(pn.state.curdoc):
             pn.state.onload(self._autostart)
         # in a notebook (or any embedding) the plots get the full width: the controls sit above them, folded
         return pn.Column(pn.Card(self.sidebar(), title="Model, prompt & runs", collapsed=True,
@@ -258,7 +245,7 @@ def default_page(run_dir: str | os.PathLike | None = None, model: str = "sample"
     app = TrajScope(model=model, trajectory=run_dir if has_run else None, **settings)
     if has_run:
         app.state.run_path = str(run_dir)
-    if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
+    if served(pn.state.curdoc):
         pn.state.on_session_destroyed(lambda ctx: (app.release(), operator.SESSIONS.leave()))
     else:
         operator.SESSIONS.leave()  # not a served session (a test or a script building the page): not counted

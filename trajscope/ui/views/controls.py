@@ -23,7 +23,7 @@ from trajscope.ui.plots import visible
 from trajscope.ui.runner import GenerationJob
 from trajscope.ui import openmp, saved_runs
 from trajscope.ui.operator import config
-from trajscope.ui.views._base import StateView, dispatcher, in_background, redraw_once
+from trajscope.ui.views._base import StateView, dispatcher, in_background, redraw_once, served
 from trajscope.ui.views.ticker import Ticker
 
 log = logging.getLogger(__name__)
@@ -240,15 +240,22 @@ class Controls(StateView):
                                         self.param.models_loaded),
                                 css_classes=["ts-size-estimate"], styles={"font-size": "0.8em", "color": "#555"},
                                 sizing_mode="stretch_width")
-        gen = pn.widgets.Button(label="Generate", color="primary", width=130, css_classes=["ts-generate"])
-        stop = pn.widgets.Button(label="Stop", color="danger", width=90, disabled=True, css_classes=["ts-stop"])
+        # Generate and Stop are made in the state they show, and change only once the browser has drawn them
+        # (the ticker, drawn after them, reports it): BokehJS throws on a `disabled` change that reaches a button
+        # it has not rendered yet, and drops the rest of that message (a run that starts as the page is drawn
+        # once left Stop enabled after it ended). Without a browser session (a script, a test) they follow at once.
+        gen = pn.widgets.Button(label="Generate", color="primary", width=130, disabled=st.busy,
+                                css_classes=["ts-generate"])
+        stop = pn.widgets.Button(label="Stop", color="danger", width=90, disabled=not st.busy, css_classes=["ts-stop"])
         gen.on_click(self.generate)
         stop.on_click(self.stop)
 
-        def busy(e):
-            gen.disabled, stop.disabled = e.new, not e.new
+        def busy(*_):
+            if self.ticker.drawn or not served(pn.state.curdoc):
+                gen.disabled, stop.disabled = st.busy, not st.busy
 
         st.param.watch(busy, "busy")
+        self.ticker.param.watch(busy, "drawn")
         alert = pn.pane.Alert(pn.bind(md_text, st.param.error), alert_type="danger", visible=pn.bind(bool, st.param.error),
                               css_classes=["ts-error"], sizing_mode="stretch_width")
         path = pn.widgets.TextInput.from_param(st.param.run_path, name="Open a saved run directory",

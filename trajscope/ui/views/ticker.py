@@ -10,10 +10,10 @@ generation runs it shows the app's status line (``AppState.status``) in the same
 fixed box, so pressing Generate or finishing a run changes no layout either.
 
 The ticker also tells the server when the browser has drawn it (``drawn``). It
-sits after Generate and Stop, which are drawn before it: the app starts its
-first run only then, because BokehJS fails on a change of a button's
-``disabled`` that arrives before the button is drawn, and drops the rest of
-that message (Stop stayed enabled after a short first run).
+sits after Generate and Stop, which are drawn before it: their ``disabled``
+changes wait for it (see :class:`~trajscope.ui.views.controls.Controls`), because
+BokehJS fails on such a change that arrives before the button is drawn, and drops
+the rest of that message (Stop stayed enabled after a short first run).
 """
 
 from __future__ import annotations
