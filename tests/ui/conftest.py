@@ -103,4 +103,3 @@ def app_page(page, sample_model, fresh_models):
 
     runner._MODELS[("sample", False, None)] = sample_model
     return page, serve_app(page, default_page)
-
