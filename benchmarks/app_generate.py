@@ -93,19 +93,6 @@ CLICK_TO_DONE = """([button, status]) => {
   };
   requestAnimationFrame(tick);
 }"""
-# every main-thread task over 50 ms from now on (Chromium's long tasks), for the streaming window of a Generate
-LONGTASKS = """() => { window.__lt = []; if (!window.__lt_observer) { window.__lt_observer = new PerformanceObserver(
-    l => { for (const e of l.getEntries()) window.__lt.push([e.startTime, e.duration]); });
-    window.__lt_observer.observe({entryTypes: ['longtask']}); } }"""
-# resolves with ms from the last keydown to the frame where the step readout's text has changed (-1 after 5 s)
-READOUT_MS = """async (before) => {
-  const deep = () => { let out = ''; const walk = r => r.querySelectorAll('*').forEach(e => {
-      if (e.classList && e.classList.contains('ts-step-readout')) out = (e.shadowRoot || e).textContent;
-      if (e.shadowRoot) walk(e.shadowRoot); }); walk(document); return out; };
-  const t0 = window.__key;
-  while (deep() === before) { await new Promise(r => requestAnimationFrame(r)); if (performance.now() - t0 > 5000) return -1; }
-  return performance.now() - t0;
-}"""
 KEYTIME = "() => { window.__key = 0; document.addEventListener('keydown', () => { window.__key = performance.now(); }, true); }"
 
 
@@ -199,7 +186,6 @@ def one_generation(page, app, baseline: Baseline, n: int, prompt: str = PROMPT) 
     button = page.locator(".ts-generate button").element_handle()
     status = page.locator(".ts-status").first.element_handle()
     page.evaluate(CLICK_TO_DONE, [button, status])
-    page.evaluate(LONGTASKS)
     button.click()
     wait(lambda: app.state.trajectory.run_id != before and not app.state.busy)
     wait(lambda: page.evaluate("() => window.__t_done") is not None)
@@ -209,7 +195,8 @@ def one_generation(page, app, baseline: Baseline, n: int, prompt: str = PROMPT) 
     captured_epoch = time.time() - (time.monotonic() - app.controls.job.t_captured)
     t_end = captured_epoch * 1000 - page.evaluate("() => performance.timeOrigin")
     t_click = page.evaluate("() => window.__t_click")
-    streaming = [[round(s - t_click), round(d)] for s, d in page.evaluate("() => window.__lt") if t_click <= s <= t_end]
+    streaming = [[round(s - t_click), round(d)] for s, d in page.evaluate("() => window.__longtasks")
+                 if t_click <= s <= t_end]
     traj, config = app.state.trajectory, app.controls.job.config
     ids = traj.token_ids[: traj.prompt_len]
     ref = baseline.capture(prompt, config, chat=app.controls.job.chat)
@@ -222,6 +209,10 @@ def one_generation(page, app, baseline: Baseline, n: int, prompt: str = PROMPT) 
 def keys_while_generating(page, app, presses: int, n: int = 1000) -> list[float]:
     """Start a generation of ``n`` steps and press ← / → up to ``presses`` times while it runs; return the ms from
     each keydown to the frame where the step readout changed (the run is stopped afterwards)."""
+    # imported here, not at the top: both modules import this one
+    from app_cards import MEASURE as READOUT_MS  # keydown → frame where the readout changed (-1 after 10 s)
+    from app_load import READOUT
+
     box = page.get_by_label("Max new tokens", exact=True)
     box.fill(str(n))
     box.press("Enter")
@@ -233,7 +224,7 @@ def keys_while_generating(page, app, presses: int, n: int = 1000) -> list[float]
     for _ in range(presses):
         if not app.state.busy:
             break
-        before = page.locator(".ts-step-readout").first.evaluate("el => (el.shadowRoot || el).textContent")
+        before = page.evaluate(READOUT)
         page.keyboard.press("ArrowLeft" if app.state.step > 0 else "ArrowRight")
         times.append(page.evaluate(READOUT_MS, before))
     app.controls.stop()
@@ -293,6 +284,9 @@ def main() -> None:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
             page = browser.new_page(viewport={"width": 1500, "height": 1400})
+            from app_cards import LONGTASKS  # every main-thread task over 50 ms, from the page's start
+
+            page.add_init_script(LONGTASKS)
             page.goto(f"http://localhost:{args.port}/", timeout=120_000)
             page.locator(".ts-generate").wait_for(timeout=120_000)
             wait(lambda: apps and apps[0].state.trajectory is not None and not apps[0].state.busy)

@@ -82,7 +82,6 @@ def test_a_long_run_streams_its_steps_to_the_ticker_and_the_live_figure(app_page
 
 
 READOUT_MS = """async (before) => {
-  const el = () => { const e = document.querySelector('.ts-step-readout'); return e ? (e.shadowRoot || e).textContent : ''; };
   const deep = () => { let out = ''; const walk = r => r.querySelectorAll('*').forEach(e => {
       if (e.classList && e.classList.contains('ts-step-readout')) out = (e.shadowRoot || e).textContent;
       if (e.shadowRoot) walk(e.shadowRoot); }); walk(document); return out; };
