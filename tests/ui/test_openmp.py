@@ -120,15 +120,21 @@ def test_set_threads_changes_the_calling_thread_only():
 
 
 @needs_runtime
-def test_generation_captures_on_all_cores_but_one(tiny_models, fresh_models):
+@pytest.mark.parametrize("setting", [None, "1", "3", "many"])
+def test_generation_captures_on_every_core_unless_the_operator_says(tiny_models, fresh_models, monkeypatch, setting):
+    if setting is None:
+        monkeypatch.delenv("TRAJSCOPE_CAPTURE_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("TRAJSCOPE_CAPTURE_THREADS", setting)
+    want = int(setting) if setting and setting.isdigit() else torch.get_num_threads()
     seen, done = [], []
     job = GenerationJob("tiny", "def f(x):", CaptureConfig(max_new_tokens=3, stop_at_eos=False),
                         dispatch=lambda fn: fn(),  # runs the updates on the worker thread
                         on_progress=lambda evs: seen.append(torch.get_num_threads()), on_done=done.append,
                         on_error=pytest.fail, loader=lambda source, **kw: tiny_models["llama"], flush_every_s=0.0)
     job.start().thread.join(timeout=60)
-    assert done and set(seen) == {max(1, torch.get_num_threads() - 1)}
-    assert openmp.page_share() == max(1, torch.get_num_threads() - 1)
+    assert done and set(seen) == {want}
+    assert openmp.capture_threads() == want
 
 
 def test_served_generate_holds_the_event_loop_thread_until_the_run_ends(tiny_models, fresh_models):

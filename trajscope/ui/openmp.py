@@ -19,11 +19,13 @@ Jupyter the held thread is the kernel's, so a cell run while the app generates c
 one thread until the run ends. A hold whose page closed before its run ended is never
 released: that thread stays on one OpenMP thread, which costs a UI thread little.
 
-The capture itself runs on :func:`page_share` threads, all cores but one (:func:`set_threads`,
-for the worker thread only): the browser drawing the streamed steps and the event loop
-sending them need about a third of a core, and a team member they preempt stalls the whole
-team at its next barrier. On the 2-CPU machine the sample model's capture on one thread
-took 0.54 s (64 tokens) and 2.78 s (300) alone, against 0.56 s and 2.92 s on two.
+The capture itself runs on :func:`capture_threads` threads (:func:`set_threads`, for the worker
+thread only): every core PyTorch would use, unless the operator sets ``TRAJSCOPE_CAPTURE_THREADS``.
+Leaving one core to the browser and the event loop costs more than it gives: on the 2-CPU
+machine that made SmolLM2's 64-token Generate 1.70× and 1.74× a clean capture (5 repetitions each;
+job capture 4.6–5.8 s) against 1.37× twice on both cores (3.7–4.2 s), with the keypress readout
+during a generation at p95 103 ms on both cores against 113 ms on one (``benchmarks/app_generate.py``,
+2026-11-28). On the sample model at 64 tokens the two were within the noise.
 """
 
 from __future__ import annotations
@@ -66,9 +68,16 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def page_share() -> int:
-    """OpenMP threads for a capture the app runs beside its page: every core PyTorch would use but one."""
-    return max(1, _torch_threads() - 1)
+def capture_threads() -> int:
+    """OpenMP threads for a capture the app runs: ``TRAJSCOPE_CAPTURE_THREADS`` when the operator sets it (a
+    whole number, at least one), else every core PyTorch would use."""
+    value = os.environ.get("TRAJSCOPE_CAPTURE_THREADS", "").strip()
+    if value:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            log.warning("TRAJSCOPE_CAPTURE_THREADS=%r is not a whole number; the capture uses every core", value)
+    return _torch_threads()
 
 
 def set_threads(n: int) -> bool:

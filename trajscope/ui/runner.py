@@ -173,7 +173,7 @@ class GenerationJob:
         on_partial: ``(traj)`` with the steps so far (optional).
         on_wait: ``(n_ahead)`` while the job waits in :data:`QUEUE` for a free generation slot (optional).
         threads: CPU threads of a local capture, for the worker thread only; default
-            :func:`~trajscope.ui.openmp.page_share` (all cores but one, left to the page).
+            :func:`~trajscope.ui.openmp.capture_threads` (every core, or ``TRAJSCOPE_CAPTURE_THREADS``).
         chat: send a text prompt as one user message through the model's chat template, when the
             model has one (:func:`trajscope.chat.user_message`).
     """
@@ -287,7 +287,7 @@ class GenerationJob:
             model = get_model(self.source, self.remote, self._api_key, loader=self.loader)
             self.config = self._config(model)
             if not self.remote:
-                openmp.set_threads(self.threads if self.threads is not None else openmp.page_share())
+                openmp.set_threads(self.threads if self.threads is not None else openmp.capture_threads())
             self._last_flush = self._last_partial = t1 = time.monotonic()
             prompt = self.prompt
             if self.chat and isinstance(prompt, str) and getattr(model.tokenizer, "chat_template", None):

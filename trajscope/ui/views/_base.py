@@ -251,7 +251,7 @@ def in_slot(ticket: object, work: Callable[[], str], dispatch: Callable[[Callabl
         if not QUEUE.wait_turn(ticket, lambda n: dispatch(lambda: on_wait(n)), cancel):
             dispatch(lambda: (give_back(), on_done("Stopped while waiting for a free generation slot.")))
             return
-        openmp.set_threads(openmp.page_share())  # as Generate: one core stays with the page
+        openmp.set_threads(openmp.capture_threads())  # as Generate
         try:
             msg = work()
         except TrajscopeError as exc:
