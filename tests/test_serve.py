@@ -27,14 +27,14 @@ def test_serve_passes_the_operator_options_to_the_app(tmp_path):
     cmd = command("--address", "0.0.0.0", "--allow-websocket-origin", "team.example:5006", "--prefix", "/ts",
                   "--data-dir", str(tmp_path / "a"), "--data-dir", str(tmp_path / "b"), "--models", "sample,gpt2",
                   "--max-new-tokens", "300", "--max-models", "3", "--max-generations", "2", "--max-sessions", "7",
-                  "--max-prompt-chars", "900")
+                  "--max-prompt-chars", "900", "--capture-threads", "3")
     assert cmd[cmd.index("--allow-websocket-origin") + 1] == "team.example:5006"
     assert cmd[cmd.index("--prefix") + 1] == "/ts" and cmd.index("--prefix") < cmd.index("--args")
     cfg = ServeConfig.from_args(cmd[cmd.index("--args") + 1:], env={})  # what apps/trajscope.py reads
     assert cfg.data_dirs == ((tmp_path / "a").resolve(), (tmp_path / "b").resolve())
     assert cfg.models == ("sample", "gpt2")
-    assert (cfg.max_new_tokens, cfg.max_models, cfg.max_generations, cfg.max_sessions, cfg.max_prompt_chars) == (
-        300, 3, 2, 7, 900)
+    assert (cfg.max_new_tokens, cfg.max_models, cfg.max_generations, cfg.max_sessions, cfg.max_prompt_chars,
+            cfg.capture_threads) == (300, 3, 2, 7, 900, 3)
 
 
 def free_port() -> int:

@@ -120,13 +120,13 @@ def test_set_threads_changes_the_calling_thread_only():
 
 
 @needs_runtime
-@pytest.mark.parametrize("setting", [None, "1", "3", "many"])
-def test_generation_captures_on_every_core_unless_the_operator_says(tiny_models, fresh_models, monkeypatch, setting):
-    if setting is None:
-        monkeypatch.delenv("TRAJSCOPE_CAPTURE_THREADS", raising=False)
-    else:
-        monkeypatch.setenv("TRAJSCOPE_CAPTURE_THREADS", setting)
-    want = int(setting) if setting and setting.isdigit() else torch.get_num_threads()
+@pytest.mark.parametrize("setting", [None, 1, 3])
+def test_generation_captures_on_every_core_unless_the_operator_says(tiny_models, fresh_models, setting):
+    from trajscope.ui import operator
+
+    argv = [] if setting is None else ["--capture-threads", str(setting)]
+    operator.configure(operator.ServeConfig.from_args(argv, env={}))  # the conftest restores the default after
+    want = setting or torch.get_num_threads()
     seen, done = [], []
     job = GenerationJob("tiny", "def f(x):", CaptureConfig(max_new_tokens=3, stop_at_eos=False),
                         dispatch=lambda fn: fn(),  # runs the updates on the worker thread

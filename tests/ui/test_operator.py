@@ -46,6 +46,13 @@ def test_options_and_environment(data):
         cfg.new_tokens(51)
     with pytest.raises(ts.TrajscopeError, match="Unknown server options"):
         ServeConfig.from_args(["--trust-remote-code"], env={})
+    for name in ("TRAJSCOPE_MAX_NEW_TOKENS", "TRAJSCOPE_CAPTURE_THREADS"):  # refused when the server starts
+        with pytest.raises(ts.TrajscopeError, match=f"{name}.* must be whole numbers") as info:
+            ServeConfig.from_args([], env={name: "many"})
+        assert "\n" not in str(info.value)
+    assert ServeConfig.from_args([], env={}).capture_threads is None  # every core PyTorch uses
+    assert ServeConfig.from_args([], env={"TRAJSCOPE_CAPTURE_THREADS": " 3 "}).capture_threads == 3
+    assert ServeConfig.from_args(["--capture-threads", "1"], env={"TRAJSCOPE_CAPTURE_THREADS": "3"}).capture_threads == 1
     default = ServeConfig.from_args([], env={})
     from trajscope.model import available_models
 

@@ -114,7 +114,7 @@ def _capture_batched(args: argparse.Namespace, items: list[dict], config, model,
 
 # the operator's options (trajscope/ui/operator.py), passed to the app after ``--args``
 OPERATOR_OPTIONS = ("data_dir", "models", "max_new_tokens", "max_models", "max_generations", "max_sessions",
-                    "max_prompt_chars")
+                    "max_prompt_chars", "capture_threads")
 
 
 def serve_command(args: argparse.Namespace) -> list[str]:
@@ -232,6 +232,8 @@ def register(sub) -> None:
                    help="generations at once, steering and sweeps included (default 1)")
     s.add_argument("--max-sessions", type=int, default=None, help="open pages (default 20)")
     s.add_argument("--max-prompt-chars", type=int, default=None, help="characters of a prompt (default 5000)")
+    s.add_argument("--capture-threads", type=int, default=None,
+                   help="CPU threads of each capture the app runs (default: every core PyTorch uses)")
     s.set_defaults(func=cmd_serve)
     r = opt.command(sub, "report", "standalone HTML comparison report of run directories (or of study folders)",
                     "Compare runs (the first is the reference) in one offline HTML file plus its Parquet tables. "

@@ -20,12 +20,10 @@ one thread until the run ends. A hold whose page closed before its run ended is 
 released: that thread stays on one OpenMP thread, which costs a UI thread little.
 
 The capture itself runs on :func:`capture_threads` threads (:func:`set_threads`, for the worker
-thread only): every core PyTorch would use, unless the operator sets ``TRAJSCOPE_CAPTURE_THREADS``.
-Leaving one core to the browser and the event loop costs more than it gives: on the 2-CPU
-machine that made SmolLM2's 64-token Generate 1.70× and 1.74× a clean capture (5 repetitions each;
-job capture 4.6–5.8 s) against 1.37× twice on both cores (3.7–4.2 s), with the keypress readout
-during a generation at p95 103 ms on both cores against 113 ms on one (``benchmarks/app_generate.py``,
-2026-11-28). On the sample model at 64 tokens the two were within the noise.
+thread only): every core PyTorch would use, unless the operator sets another count
+(``--capture-threads``, :class:`~trajscope.ui.operator.ServeConfig`). Leaving one core to the browser
+and the event loop was measured and costs more than it gives on a 2-CPU machine (docs/performance.md,
+"The app's capture on every core").
 """
 
 from __future__ import annotations
@@ -69,15 +67,12 @@ def _torch_threads() -> int:
 
 
 def capture_threads() -> int:
-    """OpenMP threads for a capture the app runs: ``TRAJSCOPE_CAPTURE_THREADS`` when the operator sets it (a
-    whole number, at least one), else every core PyTorch would use."""
-    value = os.environ.get("TRAJSCOPE_CAPTURE_THREADS", "").strip()
-    if value:
-        try:
-            return max(1, int(value))
-        except ValueError:
-            log.warning("TRAJSCOPE_CAPTURE_THREADS=%r is not a whole number; the capture uses every core", value)
-    return _torch_threads()
+    """OpenMP threads for a capture the app runs: the operator's ``--capture-threads`` (or
+    ``TRAJSCOPE_CAPTURE_THREADS``) when set, else every core PyTorch would use."""
+    from trajscope.ui import operator
+
+    chosen = operator.config().capture_threads
+    return chosen if chosen is not None else _torch_threads()
 
 
 def set_threads(n: int) -> bool:

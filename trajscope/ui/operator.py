@@ -15,6 +15,7 @@ option                 environment variable         default
 ``--max-generations``  ``TRAJSCOPE_MAX_GENERATIONS`` 1 (generations at once; the rest queue, in order)
 ``--max-sessions N``   ``TRAJSCOPE_MAX_SESSIONS``   20 (open pages; more get a "server is full" page)
 ``--max-prompt-chars``  ``TRAJSCOPE_MAX_PROMPT_CHARS`` 5000 (characters of a typed prompt)
+``--capture-threads``  ``TRAJSCOPE_CAPTURE_THREADS`` every core PyTorch uses (CPU threads per capture)
 =====================  ===========================  =========================================
 
 (``TRAJSCOPE_DATA_DIRS`` separates directories with ``os.pathsep``.) Every path
@@ -53,6 +54,7 @@ class ServeConfig:
     max_generations: int = 1
     max_sessions: int = 20
     max_prompt_chars: int = 5000
+    capture_threads: int | None = None  # None: every core PyTorch uses (trajscope.ui.openmp.capture_threads)
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None, env: dict | None = None) -> "ServeConfig":
@@ -73,11 +75,13 @@ class ServeConfig:
         ap.add_argument("--max-generations", type=int, default=None)
         ap.add_argument("--max-sessions", type=int, default=None)
         ap.add_argument("--max-prompt-chars", type=int, default=None)
+        ap.add_argument("--capture-threads", type=int, default=None)
         try:
             args = ap.parse_args(argv or [])
         except SystemExit:
             raise TrajscopeError(f"Unknown server options {argv}; the options are --data-dir, --models, "
-                                 "--max-new-tokens, --max-models, --max-generations, --max-sessions, --max-prompt-chars.") from None
+                                 "--max-new-tokens, --max-models, --max-generations, --max-sessions, --max-prompt-chars, "
+                                 "--capture-threads.") from None
         dirs = args.data_dir or [d for d in env.get("TRAJSCOPE_DATA_DIRS", "").split(os.pathsep) if d]
         dirs = dirs or [str(sample_data_dir()), str(runs_dir())]
         from trajscope.model import available_models
@@ -89,13 +93,16 @@ class ServeConfig:
             max_gen = args.max_generations or int(env.get("TRAJSCOPE_MAX_GENERATIONS") or 1)
             max_sessions = args.max_sessions or int(env.get("TRAJSCOPE_MAX_SESSIONS") or 20)
             max_prompt = args.max_prompt_chars or int(env.get("TRAJSCOPE_MAX_PROMPT_CHARS") or 5000)
+            threads = args.capture_threads or int(env.get("TRAJSCOPE_CAPTURE_THREADS", "").strip() or 0) or None
         except ValueError:
             raise TrajscopeError("TRAJSCOPE_MAX_NEW_TOKENS, TRAJSCOPE_MAX_MODELS, TRAJSCOPE_MAX_GENERATIONS, "
-                                 "TRAJSCOPE_MAX_SESSIONS and TRAJSCOPE_MAX_PROMPT_CHARS must be whole numbers.") from None
+                                 "TRAJSCOPE_MAX_SESSIONS, TRAJSCOPE_MAX_PROMPT_CHARS and TRAJSCOPE_CAPTURE_THREADS "
+                                 "must be whole numbers.") from None
         return cls(data_dirs=tuple(pathlib.Path(d).expanduser().resolve() for d in dirs),
                    models=tuple(m.strip() for m in models.split(",") if m.strip()),
                    max_new_tokens=max(1, max_new), max_models=max(1, max_models), max_generations=max(1, max_gen),
-                   max_sessions=max(1, max_sessions), max_prompt_chars=max(1, max_prompt))
+                   max_sessions=max(1, max_sessions), max_prompt_chars=max(1, max_prompt),
+                   capture_threads=None if threads is None else max(1, threads))
 
     def path(self, text: str, what: str) -> pathlib.Path:
         """``text`` resolved (symlinks, ``..``) if it lies inside a data directory.
