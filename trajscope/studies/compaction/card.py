@@ -27,6 +27,7 @@ from trajscope.studies.compaction.figures import AttentionFigure, DivergenceFigu
 from trajscope.studies.compaction.state import CompactionSettings, run_session, summary_line
 from trajscope.ui.views._base import StateView, any_of, in_background
 from trajscope.ui.views.spinner import Spinner
+from trajscope.ui.views.staged import StagedColumn
 
 NOTE = ("A masks T1 and T2 from T3's first query on through the model's key mask (the summary's states, computed "
         "while T1/T2 were visible, are kept); B recomputes `<sys> <summary> <T3>` with fresh positions; C keeps "
@@ -56,7 +57,7 @@ class CompactionView(StateView):
         self._result_parts = [self._continuations, pn.pane.Bokeh(self.divergence.figure, sizing_mode="stretch_width"),
                               pn.pane.Bokeh(self.attention.figure, sizing_mode="stretch_width"), self._probe,
                               self._probe_note]
-        self._result = pn.Column(sizing_mode="stretch_width", visible=False)
+        self._result = StagedColumn(sizing_mode="stretch_width", visible=False)  # its parts a tick apart (staged.py)
         self.state.param.watch(self._new_run, "revision")
         self.settings.param.watch(self._draw, "result")
 

@@ -25,6 +25,7 @@ from trajscope.studies.drift.state import DriftSettings
 from trajscope.ui import artefacts
 from trajscope.ui.views._base import StateView, in_background, short_run
 from trajscope.ui.views._cursor import Cursor, vline
+from trajscope.ui.views.staged import StagedColumn
 
 PROXY_NOTE = PROXY
 
@@ -50,9 +51,9 @@ class DriftView(StateView):
         self.note = pn.pane.Alert("", alert_type="info", css_classes=["ts-drift-note"], visible=False)
         self.head = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["ts-drift-headline"])
         # a Bokeh pane shows its figure as is: the classes (for tests and styling) go on wrappers
-        self.figures = pn.Column(self.head, pn.Column(heat, css_classes=["ts-drift-heatmap"], sizing_mode="stretch_width"),
-                                 pn.Column(curves, css_classes=["ts-drift-curves"], sizing_mode="stretch_width"),
-                                 sizing_mode="stretch_width", visible=False)
+        self.figures = StagedColumn(self.head, pn.Column(heat, css_classes=["ts-drift-heatmap"], sizing_mode="stretch_width"),
+                                    pn.Column(curves, css_classes=["ts-drift-curves"], sizing_mode="stretch_width"),
+                                    sizing_mode="stretch_width", visible=False)
         self.state.param.watch(self._recompute, "revision")
         self.state.param.watch(lambda e: self.cursor.set_step(e.new, *self._panes), "step")
         self.settings.param.watch(self._recompute, "profile_path")

@@ -33,6 +33,7 @@ from trajscope.studies.eviction.state import LABELS, EvictionSettings, passkey_o
 from trajscope.ui.views._base import StateView, any_of, in_background
 from trajscope.ui.views._cursor import Cursor, vline
 from trajscope.ui.views.spinner import Spinner
+from trajscope.ui.views.staged import StagedColumn
 
 NOTE = ("The study captures its own greedy run of this prompt (as many steps as this run) with every layer's "
         "attention, chooses the kept prompt keys after prefill, then re-runs decode with the evicted keys masked "
@@ -78,7 +79,7 @@ class EvictionView(StateView):
         # a Bokeh pane's `visible` follows its figure: the result is shown or hidden by its Column. Its panes join
         # the Column with the first result, so that opening the card does not build five hidden figures' views
         self._result_parts = [panes["kept"], panes["costs"], panes["rerun"], self._split, self._passkey]
-        self._result = pn.Column(sizing_mode="stretch_width", visible=False)
+        self._result = StagedColumn(sizing_mode="stretch_width", visible=False)  # its parts a tick apart (staged.py)
         # passkey retrieval: fixed panes; the figure is rebuilt only when the run's model changes
         self._needle = {"model_id": None, "figure": False,
                         "caption": pn.pane.Markdown("", styles=CAPTION, css_classes=["ts-ev-needle-caption"]),

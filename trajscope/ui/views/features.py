@@ -35,6 +35,7 @@ from trajscope.ui.tables import STYLE as TABLE_STYLE, frame_html
 from trajscope.ui.views._base import StateView, in_background, short_run
 from trajscope.ui.views._cursor import Cursor, vline
 from trajscope.ui.views.feature_card import FeatureCard
+from trajscope.ui.views.staged import StagedColumn
 
 SAMPLE_SAE = sample_data_dir() / "saes" / "layer3-prefill-only"
 INLINE_SAE_SIZE = 1 << 22  # d_in × d_sae of an SAE that encodes a short run inline (SmolLM2's 576 × 4,608: 16 ms
@@ -307,4 +308,4 @@ class FeaturesView(StateView):
         err, tl, summary = self._parts
         # stacked, not side by side: a table beside a responsive plot in one Row made Bokeh re-lay the
         # page out without end at some widths (the browser tab at 100% CPU)
-        return pn.Column(path, top, err, tl, self.alert, summary, card, sizing_mode="stretch_width")
+        return StagedColumn(path, top, err, tl, self.alert, summary, card, first=2, sizing_mode="stretch_width")
