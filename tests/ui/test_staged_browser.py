@@ -24,8 +24,9 @@ def test_each_child_after_the_first_comes_in_a_message_of_its_own_and_a_tab_chan
     page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: frames.append(str(payload))))
     staged = StagedColumn(*[pn.pane.Markdown(t) for t in TEXTS], first=2)
     tabs = pn.Tabs(("Other", pn.pane.Markdown("elsewhere")), ("Staged", staged), dynamic=True)
-    # as in the app: a card's tab is drawn when it is first opened, in a page with a design (Fast)
-    serve_component(page, pn.template.FastListTemplate(main=[tabs]))
+    # as in the app: a card's tab is drawn when it is first opened, in a page with a design (Fast), without
+    # Panel's busy indicator (one model shared by every session: it would write into later tests' pages)
+    serve_component(page, pn.template.FastListTemplate(main=[tabs], busy_indicator=None))
     page.get_by_text("elsewhere", exact=True).wait_for(timeout=30_000)
     page.locator(".bk-tab", has_text="Staged").click()
     for text in TEXTS:

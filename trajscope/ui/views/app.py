@@ -34,7 +34,7 @@ from trajscope.ui.views.live import LiveView
 from trajscope.ui.views.player import StepPlayer
 from trajscope.ui.views.telemetry import TelemetryView
 from trajscope.ui.views.tokens import TokenStrip
-from trajscope.ui.views import unlocked
+from trajscope.ui.views import css_reads, unlocked
 
 FONT = "Liberation Sans, Arial, Helvetica, sans-serif"  # installed fonts; no web font
 TITLE = "trajscope — does decode still look like prefill?"
@@ -209,6 +209,7 @@ class TrajScope(StateView):
                                            # "_pending_writes should be non-None…"). The app shows its own status.
                                            busy_indicator=None)
         tpl._trajscope = self  # the session's app, for tests and scripts that serve the page
+        css_reads.install(pn.state.curdoc if served(pn.state.curdoc) else None)  # BokehJS 3.9's CSS reads, cached
         pn.state.onload(draw)
         return tpl
 

@@ -24,6 +24,7 @@ from trajscope.ui.attention_figures import HeadGridFigure, HeatmapFigure
 from trajscope.ui.state import MEAN
 from trajscope.ui.views._base import StateView
 from trajscope.ui.views._cursor import Cursor, box
+from trajscope.ui.views.staged import StagedRow
 
 
 def html_table(df) -> str:
@@ -163,8 +164,8 @@ class AttentionView(StateView):
             styles={"color": "#555", "font-size": "0.85em"}, margin=(0, 10))
         return pn.Column(
             pn.Row(layer, head, stat),
-            pn.Row(pn.Column(heat, sizing_mode="stretch_width"),
-                   pn.Column(grid, pn.pane.Markdown("**Top attended tokens at this step**", margin=(0, 10)), self.top,
-                             sizing_mode="stretch_width"),
-                   sizing_mode="stretch_width"),
+            StagedRow(pn.Column(heat, sizing_mode="stretch_width"),
+                      pn.Column(grid, pn.pane.Markdown("**Top attended tokens at this step**", margin=(0, 10)), self.top,
+                                sizing_mode="stretch_width"),
+                      sizing_mode="stretch_width"),  # the two figures a tick apart (staged.py)
             explain, sizing_mode="stretch_width")

@@ -1,4 +1,4 @@
-"""A card's column that reaches a served page a part at a time.
+"""A card's column (or row) that reaches a served page a part at a time.
 
 When a tab opens, the browser builds the views of everything the server sends for it in one
 main-thread task: for a card with several figures, tables and widgets that task was over 200 ms
@@ -10,9 +10,9 @@ browser builds them in separate tasks and can paint and take keypresses between 
 Only the first drawing of the column for a page (a Bokeh root) is staged, and only in a served
 page: in a notebook or a test without a server the column is drawn whole, as ``pn.Column``.
 Children already drawn are reused, as ``pn.Column`` does; a change to the column's objects while
-it is being staged draws the new list from where the staging is. The cards that use it: SAE
-features, the Drift figures, and the Eviction and Compaction results (measured effect in
-docs/performance.md, "Cards drawn a part at a time").
+it is being staged draws the new list from where the staging is. Where it is used: the SAE
+features card, Attention's two figures, the Drift figures, and the Eviction and Compaction results
+(measured in docs/performance.md, "Cards drawn a part at a time").
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from panel.io.state import set_curdoc
 from trajscope.ui.views._base import served
 
 
-class StagedColumn(pn.Column):
-    """``pn.Column`` whose first drawing on a served page sends ``first`` children, then one per tick."""
+class Staged:
+    """The staging, for a Panel list layout (``pn.Column``, ``pn.Row``): mixed in before the layout's class."""
 
     def __init__(self, *objects, first: int = 1, **params):
         super().__init__(*objects, **params)
@@ -70,3 +70,11 @@ class StagedColumn(pn.Column):
             self.param.trigger("objects")
         if ref in self._staging:
             doc.add_next_tick_callback(functools.partial(self._more, ref, model, doc, root))
+
+
+class StagedColumn(Staged, pn.Column):
+    """``pn.Column`` whose first drawing on a served page sends ``first`` children, then one per tick."""
+
+
+class StagedRow(Staged, pn.Row):
+    """``pn.Row`` whose first drawing on a served page sends ``first`` children, then one per tick."""
