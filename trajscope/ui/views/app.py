@@ -209,7 +209,7 @@ class TrajScope(StateView):
                                            # "_pending_writes should be non-None…"). The app shows its own status.
                                            busy_indicator=None)
         tpl._trajscope = self  # the session's app, for tests and scripts that serve the page
-        X
+        css_reads.install(pn.state.curdoc if served(pn.state.curdoc) else None)  # css_reads.py: reads skipped
         pn.state.onload(draw)
         return tpl
 
