@@ -63,7 +63,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from app_generate import ARGS, CLICK_TO_DONE  # noqa: E402  (the click → "Done" timer, one copy)
+from app_generate import ARGS, CLICK_TO_DONE, load_model, serve_pages  # noqa: E402  (the click → "Done" timer, the served app: one copy)
 from app_load import READOUT  # noqa: E402  (the step readout as the page shows it)
 
 MEASURE = """async (before) => {
@@ -272,12 +272,10 @@ def main() -> None:
     if shots:
         shots.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TRAJSCOPE_RUNS_DIR", tempfile.mkdtemp(prefix="trajscope-cards-runs-"))
-    import panel as pn
     import torch
     from playwright.sync_api import sync_playwright
 
-    from trajscope.ui import runner, saved_runs
-    from trajscope.ui.views.app import default_page
+    from trajscope.ui import saved_runs
 
     save_times: list[float] = []
     save = saved_runs.save_run
@@ -292,20 +290,11 @@ def main() -> None:
     saved_runs.save_run = timed_save
 
     t0 = time.perf_counter()
-    loading = threading.Thread(target=runner.get_model, args=(args.model,))  # as the app's warm-up does
-    loading.start()
-    loading.join()
+    load_model(args.model)
     result = {"model": args.model, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
               "date": time.strftime("%Y-%m-%d %H:%M"), "model_load_s": time.perf_counter() - t0,
               "question": args.question, "tokens": args.tokens, "cards": {}}
-    apps = []
-
-    def make():
-        tpl = default_page(model=args.model)
-        apps.append(tpl._trajscope)
-        return tpl
-
-    server = pn.serve(make, port=args.port, show=False, threaded=True, title="trajscope")
+    server, apps = serve_pages(args.model, args.port)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)

@@ -96,6 +96,34 @@ CLICK_TO_DONE = """([button, status]) => {
 KEYTIME = "() => { window.__key = 0; document.addEventListener('keydown', () => { window.__key = performance.now(); }, true); }"
 
 
+def load_model(model: str) -> None:
+    """Load ``model`` into the app's cache before anything is timed, on a thread of its own as the served app's
+    warm-up does: a thread that ran PyTorch's parallel ops keeps an OpenMP team, which throttles every other
+    team (trajscope/ui/openmp.py); the benchmark's main thread drives the browser and must hold none."""
+    from trajscope.ui import runner
+
+    loading = threading.Thread(target=runner.get_model, args=(model,))
+    loading.start()
+    loading.join()
+
+
+def serve_pages(model: str, port: int, title: str = "trajscope"):
+    """Serve the app in-process on ``model``; returns ``(server, apps)``, ``apps`` gaining each new session's
+    :class:`~trajscope.TrajScope` as its page is made."""
+    import panel as pn
+
+    from trajscope.ui.views.app import default_page
+
+    apps = []
+
+    def make():
+        tpl = default_page(model=model)
+        apps.append(tpl._trajscope)
+        return tpl
+
+    return pn.serve(make, port=port, show=False, threaded=True, title=title), apps
+
+
 def wait(cond, timeout=300.0):
     t0 = time.time()
     while not cond():
@@ -253,28 +281,12 @@ def main() -> None:
     suffix = "" if args.model == "sample" else f"_{args.model}"
     args.out = args.out or str(ROOT / "benchmarks" / "results" / f"app_generate{suffix}.json")
     os.environ.setdefault("TRAJSCOPE_RUNS_DIR", tempfile.mkdtemp(prefix="trajscope-bench-runs-"))
-    import panel as pn
     import torch
     from playwright.sync_api import sync_playwright
 
-    from trajscope.ui import runner
-    from trajscope.ui.views.app import default_page
-
-    # loaded before anything is timed, on a thread of its own as the served app's warm-up does: a
-    # thread that ran PyTorch's parallel ops keeps an OpenMP team, which throttles every other team
-    # (trajscope/ui/openmp.py); this script's main thread drives the browser and must hold none
-    loading = threading.Thread(target=runner.get_model, args=(args.model,))
-    loading.start()
-    loading.join()
+    load_model(args.model)
     baseline = Baseline(args.model)
-    apps = []
-
-    def make():
-        tpl = default_page(model=args.model)
-        apps.append(tpl._trajscope)
-        return tpl
-
-    server = pn.serve(make, port=args.port, show=False, threaded=True, title="trajscope")
+    server, apps = serve_pages(args.model, args.port)
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                          f"{torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d %H:%M"),
               "model": args.model, "prompt": prompt,

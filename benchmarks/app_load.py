@@ -51,7 +51,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from app_generate import ARGS  # noqa: E402  (the Chromium flags, one copy)
+from app_generate import ARGS, load_model, serve_pages  # noqa: E402  (the Chromium flags, the served app: one copy)
 
 READOUT = """() => { let out = ''; const walk = r => r.querySelectorAll('*').forEach(e => {
     if (e.classList && e.classList.contains('ts-step-readout')) out = (e.shadowRoot || e).textContent;
@@ -166,26 +166,15 @@ def main() -> None:
     os.environ.setdefault("TRAJSCOPE_RUNS_DIR", tempfile.mkdtemp(prefix="trajscope-load-runs-"))
     os.environ["TRAJSCOPE_MAX_GENERATIONS"] = "2"
     os.environ["TRAJSCOPE_MAX_SESSIONS"] = str(max(20, args.sessions))
-    import panel as pn
     import torch
     from playwright.sync_api import sync_playwright
 
-    from trajscope.ui import operator, runner
-    from trajscope.ui.views.app import default_page
+    from trajscope.ui import operator
 
     operator.configure(None)
-    loading = threading.Thread(target=runner.get_model, args=(args.model,))  # as the served app's warm-up does
-    loading.start()
-    loading.join()
-    apps = []
-
-    def make():
-        tpl = default_page(model=args.model)
-        apps.append(tpl._trajscope)
-        return tpl
-
+    load_model(args.model)
     sampler = Sampler()
-    server = pn.serve(make, port=args.port, show=False, threaded=True, title="trajscope")
+    server, apps = serve_pages(args.model, args.port)
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
            "date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "sessions": args.sessions,
            "generating": 2, "tokens": args.tokens, "browsers": "same machine (their CPU is sampled apart)"}

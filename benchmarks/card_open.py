@@ -25,7 +25,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -63,23 +62,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    import panel as pn
     from playwright.sync_api import sync_playwright
 
-    from trajscope.ui import runner
-    from trajscope.ui.views.app import default_page
-
-    loader = threading.Thread(target=runner.get_model, args=(args.model,))
-    loader.start()
-    loader.join()
-    apps = []
-
-    def make():
-        tpl = default_page(model=args.model)
-        apps.append(tpl._trajscope)
-        return tpl
-
-    server = pn.serve(make, port=args.port, show=False, threaded=True, title="card_open")
+    ac.load_model(args.model)
+    server, apps = ac.serve_pages(args.model, args.port, title="card_open")
     longest = {v: {c: [] for c in args.cards} for v in VARIANTS}
     try:
         with sync_playwright() as p:
