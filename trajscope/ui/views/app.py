@@ -34,7 +34,7 @@ from trajscope.ui.views.live import LiveView
 from trajscope.ui.views.player import StepPlayer
 from trajscope.ui.views.telemetry import TelemetryView
 from trajscope.ui.views.tokens import TokenStrip
-from trajscope.ui.views import css_reads, unlocked
+from trajscope.ui.views import css_reads, no_mathjax, unlocked
 
 FONT = "Liberation Sans, Arial, Helvetica, sans-serif"  # installed fonts; no web font
 TITLE = "trajscope — does decode still look like prefill?"
@@ -210,6 +210,7 @@ class TrajScope(StateView):
                                            busy_indicator=None)
         tpl._trajscope = self  # the session's app, for tests and scripts that serve the page
         css_reads.install(pn.state.curdoc if served(pn.state.curdoc) else None)  # css_reads.py: reads skipped
+        no_mathjax.install(pn.state.curdoc if served(pn.state.curdoc) else None)  # no_mathjax.py
         pn.state.onload(draw)
         return tpl
 
