@@ -40,7 +40,6 @@ import json
 import os
 import pathlib
 import platform
-import statistics
 import sys
 import tempfile
 import threading

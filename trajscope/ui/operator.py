@@ -43,6 +43,31 @@ from trajscope.errors import TrajscopeError
 from trajscope.safe_paths import check_path_text
 
 
+# the whole-number settings (ServeConfig fields, their defaults there): each is --field-name or TRAJSCOPE_FIELD_NAME
+WHOLE_SETTINGS = ("max_new_tokens", "max_models", "max_generations", "max_sessions", "max_prompt_chars",
+                  "capture_threads")
+
+
+def _whole(given, env, name: str, default):
+    """One whole-number setting: the option when given (not 0), else its environment variable, else ``default``;
+    at least 1, except that ``capture_threads`` 0 or unset is None (every core).
+
+    Raises:
+        TrajscopeError: the variable is set and is not a whole number (one sentence naming it and its value).
+    """
+    value = given
+    if not value:
+        var = "TRAJSCOPE_" + name.upper()
+        text = env.get(var, "").strip()
+        try:
+            value = int(text) if text else default
+        except ValueError:
+            raise TrajscopeError(f"{var} must be a whole number, not {text!r}.") from None
+    if default is None and not value:
+        return None
+    return max(1, value)
+
+
 @dataclasses.dataclass(frozen=True)
 class ServeConfig:
     """The operator's limits (see the module docstring)."""
@@ -87,22 +112,10 @@ class ServeConfig:
         from trajscope.model import available_models
 
         models = args.models or env.get("TRAJSCOPE_MODELS") or ",".join(available_models()) or "sample"
-        try:
-            max_new = args.max_new_tokens or int(env.get("TRAJSCOPE_MAX_NEW_TOKENS") or 1000)
-            max_models = args.max_models or int(env.get("TRAJSCOPE_MAX_MODELS") or 2)
-            max_gen = args.max_generations or int(env.get("TRAJSCOPE_MAX_GENERATIONS") or 1)
-            max_sessions = args.max_sessions or int(env.get("TRAJSCOPE_MAX_SESSIONS") or 20)
-            max_prompt = args.max_prompt_chars or int(env.get("TRAJSCOPE_MAX_PROMPT_CHARS") or 5000)
-            threads = args.capture_threads or int(env.get("TRAJSCOPE_CAPTURE_THREADS", "").strip() or 0) or None
-        except ValueError:
-            raise TrajscopeError("TRAJSCOPE_MAX_NEW_TOKENS, TRAJSCOPE_MAX_MODELS, TRAJSCOPE_MAX_GENERATIONS, "
-                                 "TRAJSCOPE_MAX_SESSIONS, TRAJSCOPE_MAX_PROMPT_CHARS and TRAJSCOPE_CAPTURE_THREADS "
-                                 "must be whole numbers.") from None
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        whole = {name: _whole(getattr(args, name), env, name, defaults[name]) for name in WHOLE_SETTINGS}
         return cls(data_dirs=tuple(pathlib.Path(d).expanduser().resolve() for d in dirs),
-                   models=tuple(m.strip() for m in models.split(",") if m.strip()),
-                   max_new_tokens=max(1, max_new), max_models=max(1, max_models), max_generations=max(1, max_gen),
-                   max_sessions=max(1, max_sessions), max_prompt_chars=max(1, max_prompt),
-                   capture_threads=None if threads is None else max(1, threads))
+                   models=tuple(m.strip() for m in models.split(",") if m.strip()), **whole)
 
     def path(self, text: str, what: str) -> pathlib.Path:
         """``text`` resolved (symlinks, ``..``) if it lies inside a data directory.
