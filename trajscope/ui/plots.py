@@ -323,6 +323,6 @@ def empty_tokens() -> pl.DataFrame:
 
 
 __all__ = ["visible", "token_metric_values", "token_layout", "token_at", "token_cursor_boxes", "text_colors",
-           "attention_matrix", "attention_heatmap_data", "attention_heatmap", "attention_cursor_box",
-           "attention_cursor", "head_grid_values", "head_grid_data", "head_grid", "head_box", "top_attended",
+           "attention_matrix", "attention_heatmap_data", "attention_cursor_box", "head_grid_values", "head_grid_data",
+           "head_box", "top_attended",
            "empty_telemetry", "empty_tokens", "TELEMETRY_FIELDS"]
