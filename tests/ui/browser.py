@@ -30,3 +30,12 @@ def serve_app(page, make_page, timeout: int = 90_000):
     page.locator(".ts-generate").wait_for(timeout=timeout)
     wait_until(lambda: len(apps) == 1, page, timeout=timeout)
     return apps[0]
+
+
+def open_card(page, app, title: str, timeout: int = 30_000) -> None:
+    """Click the tab ``title`` of the served ``app`` and wait until the server has it active."""
+    from panel.tests.util import wait_until
+
+    page.locator(".bk-tab", has_text=title).first.click()
+    index = [t for t, _ in app._cards].index(title)
+    wait_until(lambda: app.tabs.active == index, page, timeout=timeout)

@@ -10,6 +10,7 @@ from trajscope.ui.views import css_reads
 pytestmark = pytest.mark.ui
 pw = pytest.importorskip("playwright.sync_api")
 from panel.tests.util import wait_until  # noqa: E402
+from browser import open_card  # noqa: E402
 
 # every CSS custom property named --bk-… that a stylesheet or an inline style of the page defines, shadow roots
 # included (Bokeh and Panel draw inside shadow roots, each with its own and adopted stylesheets)
@@ -41,8 +42,7 @@ def test_the_page_skips_the_reads_and_defines_no_variable_they_would_find(app_pa
     page, app = app_page
     wait_until(lambda: page.evaluate(PATCHED), page, timeout=30_000)
     for title in [t for t, _ in app._cards]:  # every card drawn, so its stylesheets are on the page
-        page.locator(".bk-tab", has_text=title).first.click()
-        wait_until(lambda: app.tabs.active == [t for t, _ in app._cards].index(title), page, timeout=30_000)
+        open_card(page, app, title)
         page.wait_for_timeout(300)
     result = page.evaluate(DEFINED)
     assert result["sheets"] > 10 and result["found"] == [], result  # a page with its stylesheets, none defining one

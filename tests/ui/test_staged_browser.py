@@ -10,6 +10,7 @@ pytestmark = pytest.mark.ui
 pw = pytest.importorskip("playwright.sync_api")
 from panel.tests.util import serve_component, wait_until  # noqa: E402
 import panel as pn  # noqa: E402
+from browser import open_card  # noqa: E402
 
 TEXTS = [f"staged child {i}" for i in range(5)]
 
@@ -65,7 +66,6 @@ def test_every_part_the_app_sends_is_drawn_at_page_open_and_in_every_card(app_pa
     page.wait_for_timeout(1000)  # the page's staged parts (next ticks) have arrived
     assert page.evaluate(UNDRAWN) == []
     for title in [t for t, _ in app._cards][1:]:
-        page.locator(".bk-tab", has_text=title).first.click()
-        wait_until(lambda: app.tabs.active == [t for t, _ in app._cards].index(title), page, timeout=30_000)
+        open_card(page, app, title)
         page.wait_for_timeout(1000)
         assert page.evaluate(UNDRAWN) == [], title

@@ -88,29 +88,23 @@ class ServeConfig:
         Raises:
             TrajscopeError: an unknown option or a value that is not a number where one is needed.
         """
-        from trajscope.model import sample_data_dir
+        from trajscope.model import available_models, sample_data_dir
         from trajscope.ui.saved_runs import runs_dir
 
         env = os.environ if env is None else env
         ap = argparse.ArgumentParser(prog="panel serve apps/trajscope.py --args", add_help=False)
         ap.add_argument("--data-dir", action="append", default=None)
         ap.add_argument("--models", default=None)
-        ap.add_argument("--max-new-tokens", type=int, default=None)
-        ap.add_argument("--max-models", type=int, default=None)
-        ap.add_argument("--max-generations", type=int, default=None)
-        ap.add_argument("--max-sessions", type=int, default=None)
-        ap.add_argument("--max-prompt-chars", type=int, default=None)
-        ap.add_argument("--capture-threads", type=int, default=None)
+        whole_options = ["--" + name.replace("_", "-") for name in WHOLE_SETTINGS]
+        for option in whole_options:
+            ap.add_argument(option, type=int, default=None)
         try:
             args = ap.parse_args(argv or [])
         except SystemExit:
-            raise TrajscopeError(f"Unknown server options {argv}; the options are --data-dir, --models, "
-                                 "--max-new-tokens, --max-models, --max-generations, --max-sessions, --max-prompt-chars, "
-                                 "--capture-threads.") from None
+            options = ", ".join(["--data-dir", "--models", *whole_options])
+            raise TrajscopeError(f"Unknown server options {argv}; the options are {options}.") from None
         dirs = args.data_dir or [d for d in env.get("TRAJSCOPE_DATA_DIRS", "").split(os.pathsep) if d]
         dirs = dirs or [str(sample_data_dir()), str(runs_dir())]
-        from trajscope.model import available_models
-
         models = args.models or env.get("TRAJSCOPE_MODELS") or ",".join(available_models()) or "sample"
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         whole = {name: _whole(getattr(args, name), env, name, defaults[name]) for name in WHOLE_SETTINGS}

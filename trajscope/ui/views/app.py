@@ -209,8 +209,9 @@ class TrajScope(StateView):
                                            # "_pending_writes should be non-None…"). The app shows its own status.
                                            busy_indicator=None)
         tpl._trajscope = self  # the session's app, for tests and scripts that serve the page
-        css_reads.install(pn.state.curdoc if served(pn.state.curdoc) else None)  # css_reads.py: reads skipped
-        no_mathjax.install(pn.state.curdoc if served(pn.state.curdoc) else None)  # no_mathjax.py
+        page_doc = pn.state.curdoc if served(pn.state.curdoc) else None  # None: a notebook, or a test without a server
+        css_reads.install(page_doc)  # css_reads.py: BokehJS's CSS-variable reads skipped
+        no_mathjax.install(page_doc)  # no_mathjax.py: no MathJax bundle on the page
         pn.state.onload(draw)
         return tpl
 
