@@ -47,7 +47,8 @@ def test_each_child_after_the_first_comes_in_a_message_of_its_own_and_a_tab_chan
 
 
 # every Column view whose model has more children than the view has child views: a part the server sent and the
-# browser never drew (staging the page's step bar at page open lost its Tokens card this way, in 3 of 3 sessions)
+# browser never drew (the staged step bar lost its Tokens card this way at page open, in 3 of 3 sessions, before
+# late_children.py)
 UNDRAWN = """() => { const bad = []
   const visit = (v) => {
     if (!v) return

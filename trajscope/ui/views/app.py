@@ -32,9 +32,10 @@ from trajscope.ui.views.export import ExportView
 from trajscope.ui.views.features import FeaturesView
 from trajscope.ui.views.live import LiveView
 from trajscope.ui.views.player import StepPlayer
+from trajscope.ui.views.staged import StagedColumn
 from trajscope.ui.views.telemetry import TelemetryView
 from trajscope.ui.views.tokens import TokenStrip
-from trajscope.ui.views import css_reads, no_mathjax, unlocked
+from trajscope.ui.views import css_reads, late_children, no_mathjax, unlocked
 
 FONT = "Liberation Sans, Arial, Helvetica, sans-serif"  # installed fonts; no web font
 TITLE = "trajscope — does decode still look like prefill?"
@@ -175,8 +176,8 @@ class TrajScope(StateView):
 
         tabs.before_show = on_tab
         on_tab()
-        return pn.Column(pn.Card(self.player, self.live, title="Step", **card),
-                         pn.Card(self.tokens, title="Tokens", **card), sizing_mode="stretch_width"), tabs
+        return StagedColumn(pn.Card(self.player, self.live, title="Step", **card),
+                            pn.Card(self.tokens, title="Tokens", **card), sizing_mode="stretch_width"), tabs
 
     def template(self) -> Page:
         """The app as a page (what ``panel serve apps/trajscope.py`` shows).
@@ -212,6 +213,7 @@ class TrajScope(StateView):
         page_doc = pn.state.curdoc if served(pn.state.curdoc) else None  # None: a notebook, or a test without a server
         css_reads.install(page_doc)  # css_reads.py: BokehJS's CSS-variable reads skipped
         no_mathjax.install(page_doc)  # no_mathjax.py: no MathJax bundle on the page
+        late_children.install(page_doc)  # late_children.py: a part sent while its column is being built is drawn
         pn.state.onload(draw)
         return tpl
 

@@ -10,9 +10,11 @@ browser builds them in separate tasks and can paint and take keypresses between 
 Only the first drawing of the column for a page (a Bokeh root) is staged, and only in a served
 page: in a notebook or a test without a server the column is drawn whole, as ``pn.Column``.
 Children already drawn are reused, as ``pn.Column`` does; a change to the column's objects while
-it is being staged draws the new list from where the staging is. Where it is used: the SAE
-features card, Attention's two figures, the Drift figures, and the Eviction and Compaction results
-(measured in docs/performance.md, "Cards drawn a part at a time").
+it is being staged draws the new list from where the staging is. Where it is used: the step bar's two
+cards (Step, Tokens) and the Overview's figures at page open, the SAE features card, Attention's two
+figures, the Drift figures, and the Eviction and Compaction results (measured in docs/performance.md,
+"Cards drawn a part at a time" and "What the page-open tasks are"). At page open a part can arrive while
+BokehJS is still building its column's view; :mod:`~trajscope.ui.views.late_children` makes the page draw it.
 """
 
 from __future__ import annotations

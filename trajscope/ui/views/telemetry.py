@@ -17,6 +17,7 @@ from trajscope.ui.state import MEAN
 from trajscope.ui.step_figures import NextTokenFigure, TelemetryFigure
 from trajscope.ui.views._base import StateView
 from trajscope.ui.views._cursor import Cursor, vline
+from trajscope.ui.views.staged import StagedColumn
 
 
 class TelemetryView(StateView):
@@ -90,4 +91,4 @@ class TelemetryView(StateView):
             "Orange triangles: sharp phase jumps, where that overlap is below 0.5 (for most selected heads) and "
             "far below this run's typical overlap (median − 3 MAD). Click a plot to jump to that step.",
             styles={"color": "#555", "font-size": "0.85em"}, margin=(0, 10))
-        return pn.Column(avg, a, note, t, sizing_mode="stretch_width")
+        return StagedColumn(avg, a, note, t, first=3, sizing_mode="stretch_width")  # the second figure a tick later

@@ -1,0 +1,59 @@
+"""Children a layout gains while BokehJS 3.9 is still building its view: drawn, not lost.
+
+BokehJS builds a layout's view in three steps: it makes the view, awaits ``lazy_initialize`` (which
+builds the views of the children the model has at that moment, and awaits theirs), and only then
+connects the view's listeners (``connect_signals``). A change to the layout's children that arrives in
+between, while some child is still being built, reaches a view that is not listening yet: the model
+then has the new child and the view never builds it. No error is raised anywhere.
+
+trajscope's page met this at page open. With the step bar staged (its Step card first, its Tokens card
+in a message of its own a tick later, see :mod:`~trajscope.ui.views.staged`), the Tokens card's message
+arrived while the step bar's view was still building the Step card, and the Tokens card was missing in
+3 of 3 sessions, also with the two messages 400 ms apart. Cards staged when their tab opens were not
+hit: by then nothing awaited a later task.
+
+:func:`install` makes the page's ``LayoutDOMView.lazy_initialize`` build, before it returns, the views
+of children that the model gained (or lost) while the first ones were built, until the two agree. A
+view whose children did not change meanwhile does no more than compare two lists. Applied only with
+BokehJS 3.9.x, the release it was measured and checked on. ``tests/ui/test_late_children_browser.py``
+slows one child's build in the browser to reproduce the loss without the patch and checks that the patch
+draws the child; the app's guard test (``tests/ui/test_staged_browser.py``) fails without it.
+"""
+
+from __future__ import annotations
+
+import bokeh
+from bokeh.models import CustomJS
+
+# the page-side patch, run once BokehJS is loaded (idempotent)
+PATCH = """
+const proto = Bokeh.require("models/layouts/layout_dom").LayoutDOMView.prototype
+if (!proto._trajscope_late_children) {
+  const lazy_initialize = proto.lazy_initialize
+  proto.lazy_initialize = async function () {
+    await lazy_initialize.call(this)
+    // children set while the first ones were being built: nothing was listening yet, so build them now
+    const built = this._child_views
+    const stale = () => this.child_models.length !== built.size || this.child_models.some(m => !built.has(m))
+    while (stale())
+      await this.build_child_views()
+  }
+  proto._trajscope_late_children = true
+}
+"""
+
+
+def needed(version: str = bokeh.__version__) -> bool:
+    """Whether this BokehJS connects a layout view's listeners only after building its children (3.9.x:
+    the release this was measured and checked on)."""
+    major, minor = (int(p) for p in version.split(".")[:2])
+    return (major, minor) == (3, 9)
+
+
+def install(doc) -> bool:
+    """Run :data:`PATCH` in the browser when ``doc`` is ready there; True if it was added (a document, and a
+    BokehJS that needs it)."""
+    if doc is None or not needed():
+        return False
+    doc.js_on_event("document_ready", CustomJS(code=PATCH))
+    return True
