@@ -217,12 +217,14 @@ def alerts(page) -> list[str]:
 
 
 def step_times(page, presses: int, label: str) -> dict:
-    """Press → and ← ``presses`` times; each keypress's time to the frame where the step readout changed."""
+    """Press ← and → in turn, ``presses`` times; each keypress's time to the frame where the step readout changed.
+    ← first: a Generate leaves the page at its last step, where → changes nothing (every run before this
+    order recorded that press as timed out)."""
     times = []
     for i in range(presses):
         page.evaluate("() => document.activeElement && document.activeElement.blur()")
         before = page.evaluate(READOUT)
-        page.keyboard.press("ArrowLeft" if i % 2 else "ArrowRight")
+        page.keyboard.press("ArrowRight" if i % 2 else "ArrowLeft")
         times.append(page.evaluate(MEASURE, before))
     ok = [t for t in times if t >= 0]
     print(f"keypress → readout on {label}: p50 {statistics.median(ok):.0f} ms, p95 {pct(ok, 0.95):.0f} ms")
