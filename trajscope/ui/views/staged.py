@@ -13,7 +13,7 @@ Children already drawn are reused, as ``pn.Column`` does; a change to the column
 it is being staged draws the new list from where the staging is. Where it is used: the step bar's two
 cards (Step, Tokens) and the Overview's figures at page open, the SAE features card, Attention's two
 figures, the Drift figures, and the Eviction and Compaction results (measured in docs/performance.md,
-"Cards drawn a part at a time" and "What the page-open tasks are"). At page open a part can arrive while
+"Cards drawn a part at a time" and "The page's parts staged"). At page open a part can arrive while
 BokehJS is still building its column's view; :mod:`~trajscope.ui.views.late_children` makes the page draw it.
 """
 
