@@ -22,7 +22,8 @@ variable would lose it: add one only together with removing this.
 from __future__ import annotations
 
 import bokeh
-from bokeh.models import CustomJS
+
+from trajscope.ui.views._page_patch import bokeh_3_9, run_when_ready
 
 # the page-side patch, run once BokehJS is loaded (idempotent)
 PATCH = """
@@ -37,14 +38,10 @@ if (!proto._trajscope_no_css_reads) {
 def needed(version: str = bokeh.__version__) -> bool:
     """Whether this BokehJS looks up a CSS variable for every visual property it paints (3.9.x: the release
     this was measured and checked on)."""
-    major, minor = (int(p) for p in version.split(".")[:2])
-    return (major, minor) == (3, 9)
+    return bokeh_3_9(version)
 
 
 def install(doc) -> bool:
     """Run :data:`PATCH` in the browser when ``doc`` is ready there; True if it was added (a document, and a
     BokehJS that needs it)."""
-    if doc is None or not needed():
-        return False
-    doc.js_on_event("document_ready", CustomJS(code=PATCH))
-    return True
+    return needed() and run_when_ready(doc, PATCH)
