@@ -16,8 +16,11 @@ and in none of 3 with that component left out of the step bar. Cards staged when
 such component.
 
 :func:`install` makes the page's ``LayoutDOMView.lazy_initialize`` build, before it returns, the views
-of children that the model gained (or lost) while the first ones were built, until the two agree. A
-view whose children did not change meanwhile does no more than compare two lists. Applied only with
+of children that the model gained while the first ones were built, until each child has one (at most 8
+rounds). Only gained children are looked for: a child removed meanwhile is not drawn anyway, since a
+layout draws the views of its model's children, and some views (Panel's ``ReactiveESM`` in the light DOM)
+keep views of removed children on purpose. A view whose children did not change meanwhile does no more
+than look each child up once. Applied only with
 BokehJS 3.9.x, the release it was measured and checked on. ``tests/ui/test_late_children_browser.py``
 slows one child's build in the browser to reproduce the loss without the patch and checks that the patch
 draws the child; the app's guard test (``tests/ui/test_staged_browser.py``) fails without it.
@@ -36,10 +39,9 @@ if (!proto._trajscope_late_children) {
   const lazy_initialize = proto.lazy_initialize
   proto.lazy_initialize = async function () {
     await lazy_initialize.call(this)
-    // children set while the first ones were being built: nothing was listening yet, so build them now
-    const built = this._child_views
-    const stale = () => this.child_models.length !== built.size || this.child_models.some(m => !built.has(m))
-    while (stale())
+    // children added while the first ones were being built: nothing was listening yet, so build them now (a
+    // bounded number of rounds, each for the children added during the last)
+    for (let round = 0; round < 8 && this.child_models.some(m => !this._child_views.has(m)); round++)
       await this.build_child_views()
   }
   proto._trajscope_late_children = true
