@@ -135,16 +135,24 @@ def test_metrics_endpoint_lists_trajscope_series_beside_vllms_with_the_runs_valu
                                                 "trajscope_sae": "layer15-hybrid"}})
         assert status == 200
         ids.append(f"served-metrics{i}")
+    # The server's writer thread saves a run just after its response, then adds it to the series, counting it last.
+    # A scrape reads each process's file of each metric type in turn (prometheus_client's multiprocess collector),
+    # so one scrape can see the count of a run and not yet a gauge written just before it: the series are read once
+    # two scrapes in a row agree and count every saved run.
     deadline = time.monotonic() + 30
-    while True:  # the server's writer thread saves a run just after its response, then counts it
+    previous = None
+    while True:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
             text = r.read().decode()
         samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                    for fam in text_string_to_metric_families(text) for s in fam.samples}
+        ours = {k: v for k, v in samples.items() if k[0].startswith("trajscope_")}
         saved = [d for d in out.iterdir() if (d / "meta.json").is_file()]
         counted = samples.get(("trajscope_requests_total", (("layer", "15"),)))
-        if (all((out / i / "meta.json").is_file() for i in ids) and counted == len(saved)) or time.monotonic() > deadline:
+        complete = all((out / i / "meta.json").is_file() for i in ids) and counted == len(saved)
+        if (complete and ours == previous) or time.monotonic() > deadline:
             break
+        previous = ours if complete else None
         time.sleep(0.2)
     names = {n for n, _ in samples}
     assert any(n.startswith("vllm:") for n in names)  # vLLM's own series, in the same scrape

@@ -93,8 +93,10 @@ class RunMetrics:
             s["flagged"].labels(name, layer).inc(int(probe["flagged"].sum()))
         if meta.get("sae") and traj.features is not None:
             self._sae(traj, str(meta["sae"]["name"]), layer, int(n_features))
-        # counted last: a scrape that sees N requests sees every series of those N (a scrape between the count
-        # and the SAE windows read a current window of 0 positions in CI)
+        # counted last: in one process (the default registry, its requests series collected first) a scrape that
+        # sees N requests sees every series of those N (a scrape between the count and the SAE windows read a
+        # current window of 0 positions in CI). Under `vllm serve` a scrape reads each process's file per metric
+        # type in turn, in no set order, so there it can still see the count before a gauge written just before it
         s["requests"].labels(layer).inc()
 
     def _sae(self, traj: Any, name: str, layer: str, n_features: int) -> None:
