@@ -20,10 +20,10 @@ of children that the model gained while the first ones were built, until each ch
 rounds). Only gained children are looked for: a child removed meanwhile is not drawn anyway, since a
 layout draws the views of its model's children, and some views (Panel's ``ReactiveESM`` in the light DOM)
 keep views of removed children on purpose. A view whose children did not change meanwhile does no more
-than look each child up once. Applied only with
-BokehJS 3.9.x, the release it was measured and checked on. ``tests/ui/test_late_children_browser.py``
-slows one child's build in the browser to reproduce the loss without the patch and checks that the patch
-draws the child; the app's guard test (``tests/ui/test_staged_browser.py``) fails without it.
+than look each child up once. Applied only with BokehJS 3.9.x, the release it was measured and checked on.
+``tests/ui/test_late_children_browser.py`` slows one child's build in the browser to reproduce the loss
+without the patch and checks that the patch draws the child; the app's guard test
+(``tests/ui/test_staged_browser.py``) fails without it.
 """
 
 from __future__ import annotations
