@@ -108,20 +108,34 @@ def test_aligned_continuations_marks_first_divergence():
     assert "steering on" in rows[1]
 
 
-def test_effect_and_decay_plots():
-    steps = pl.DataFrame({"run_id": ["a"] * 6, "start_step": [1, 1, 1, 2, 2, 2], "strength": [2.0] * 6,
-                          "step": [0, 1, 2, 0, 1, 2], "kl_to_base": [0.0, 0.5, 0.25, 0.0, 0.0, 0.4],
-                          "token_changed": [False, True, True, False, False, True]})
+def test_effect_and_decay_figures():
+    from bokeh.models import GlyphRenderer, Span, Whisker
+
+    steps = pl.DataFrame({"run_id": ["a"] * 6 + ["b"] * 6, "start_step": [1, 1, 1, 2, 2, 2] * 2,
+                          "strength": [2.0] * 12, "step": [0, 1, 2] * 4,
+                          "kl_to_base": [0.0, 0.5, 0.25, 0.0, 0.0, 0.4, 0.0, 0.3, 0.05, 0.0, 0.0, 0.2],
+                          "token_changed": [False, True, True, False, False, True] * 2})
     from trajscope.studies.steering.summary import decay_summary
 
-    curves = sp.effect_curves(steps)
-    first = [el for el in curves if el.__class__.__name__ == "Curve"][0]
-    assert first.dimension_values(1).tolist()[1:] == [0.5, 0.25]
-    dec = sp.decay_plot(decay_summary(steps, window=1))  # equal windows: one steered step for each depth
-    pts = [el for el in dec if el.__class__.__name__ == "Scatter"][0]
-    assert pts.dimension_values(0).tolist() == [1, 2]
-    assert pts.dimension_values(1).tolist() == pytest.approx([0.5, 0.4])
-    assert "1 prompt" in dec.opts.get().kwargs["title"]
+    fig = sp.effect_figure(steps)
+    lines = [r for r in fig.renderers if isinstance(r, GlyphRenderer)]
+    assert [r.data_source.data["start_step"][0] for r in lines] == [1, 2]
+    first = lines[0].data_source.data
+    assert first["step"] == [0, 1, 2]
+    assert first["kl"] == pytest.approx([1e-6, 0.4, 0.15])  # the mean over the two runs, floored for the log axis
+    assert sorted(a.location for a in fig.center if isinstance(a, Span)) == [1, 2]  # each depth's onset
+    assert [item.label["value"] for item in fig.right[0].items] == ["start at step 1", "start at step 2"]
+    assert fig.y_scale.__class__.__name__ == "LogScale" and "strength 2" in fig.title.text
+
+    one = sp.decay_figure(decay_summary(steps.filter(pl.col("run_id") == "a"), window=1))  # one steered step each
+    pts = [r for r in one.renderers if r.glyph.__class__.__name__ == "Scatter"][0].data_source.data
+    assert pts["start_step"] == [1, 2] and pts["effect"] == pytest.approx([0.5, 0.4])
+    assert "1 prompt" in one.title.text and not [a for a in one.center if isinstance(a, Whisker)]
+    assert one.xaxis[0].ticker.ticks == [1, 2]  # the swept depths, not a log axis's fractional steps
+    two = sp.decay_figure(decay_summary(steps.with_columns(prompt_idx=pl.col("run_id")), window=1))
+    assert "across 2 prompts" in two.title.text
+    assert [a for a in two.center if isinstance(a, Whisker)]  # the interval across prompts, as whiskers
+    assert sp.decay_figure(decay_summary(steps.head(0), window=1)).renderers == []  # nothing swept: an empty figure
 
 
 def test_steering_view_runs_off_the_event_loop(llama, tmp_path):

@@ -2,16 +2,13 @@
 
 The cards' own plot builders live in their study packages (``trajscope/studies/<name>/plots.py``);
 what they share is here: the layer palette, the step axis label, the Bokeh figures' toolbar and side
-legend, layer ticks that stay legible for 30+ layers, a robust colour range and an empty-plot
-placeholder. All are pure except :func:`side_legend`, which adds a legend to the figure it is given.
+legend, layer ticks that stay legible for 30+ layers and a robust colour range. All are pure except
+:func:`side_legend`, which adds a legend to the figure it is given.
 """
 
 from __future__ import annotations
 
-import holoviews as hv
 import numpy as np
-
-from trajscope.ui.plots import CURSOR_COLOR
 
 LAYER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                 "#bcbd22", "#17becf")
@@ -56,8 +53,3 @@ def robust_clim(values: np.ndarray, centre: float | None = None, q: float = 99.0
     lo, hi = float(np.percentile(v, 100 - q)), float(np.percentile(v, q))
     return (lo, hi) if hi > lo else (lo, lo + 1.0)
 
-
-def no_data(message: str) -> hv.Text:
-    """A placeholder element that says why a plot is empty."""
-    return hv.Text(0.5, 0.5, message).opts(xaxis=None, yaxis=None, height=120, responsive=True, color=CURSOR_COLOR,
-                                           toolbar=None)

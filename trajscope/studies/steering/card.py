@@ -172,8 +172,8 @@ class SteeringView(StateView):
             return pn.pane.Markdown("Press **Depth sweep** to measure the effect for each start depth.")
         steps, summary = result.table("steering"), result.table("steering_summary")
         return pn.Column(table_pane(effect_rows(result.summaries), css_class="ts-sweep-headline"),
-                         pn.pane.HoloViews(ap.effect_curves(steps), sizing_mode="stretch_width"),
-                         pn.pane.HoloViews(ap.decay_plot(summary), sizing_mode="stretch_width"),
+                         pn.pane.Bokeh(ap.effect_figure(steps), sizing_mode="stretch_width"),
+                         pn.pane.Bokeh(ap.decay_figure(summary), sizing_mode="stretch_width"),
                          table_pane(summary.rename({c: c.replace("_", " ") for c in summary.columns}),
                                     css_class="ts-sweep-summary"),  # "effect lo / hi": the 95% interval
                          sizing_mode="stretch_width")

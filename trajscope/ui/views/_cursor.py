@@ -1,11 +1,9 @@
 """Fast step cursors: Bokeh annotations moved in place when the step changes.
 
-Re-rendering a HoloViews overlay costs tens of milliseconds per plot (ranges,
-extents, option lookups over every layer), too slow for scrubbing a long run.
-The base plots are rendered once per run / selection; a :class:`Cursor` adds a
-few Bokeh annotations to each figure (:meth:`Cursor.attach`, or a HoloViews
-``hooks`` entry for a rendered element) and, on a step change, only sets their coordinates, which Bokeh sends to
-the browser as a handful of property changes. The coordinates come from the
+Redrawing a figure for every step is too slow for scrubbing a long run. The figures are
+filled once per run / selection; a :class:`Cursor` adds a few Bokeh annotations to each
+figure (:meth:`Cursor.attach`) and, on a step change, only sets their coordinates, which
+Bokeh sends to the browser as a handful of property changes. The coordinates come from the
 pure functions of :mod:`trajscope.ui.plots` (``*_box``).
 """
 
@@ -59,18 +57,13 @@ class Cursor:
         self._figures: list[weakref.ref] = []  # the figure of each entry of ``annotations``
         self.step = 0
 
-    def hook(self, plot, element) -> None:
-        """HoloViews hook: :meth:`attach` to the rendered figure (once per figure; on later updates of the
-        same figure, the annotations only move to the current step: the data under them may have changed)."""
-        self.attach(plot.state)
-
     def attach(self, fig) -> None:
         """Add the annotations to the Bokeh figure ``fig`` (once; again only moves them to the current step)."""
         mine = [a for a in self.annotations if a[0] in fig.center]
         if mine:
             self._apply(mine[0], self.props(self.step))
             return
-        # figures gone (a re-rendered HoloViews plot's old figure) leave; a figure not yet in a document stays
+        # figures gone (garbage-collected) leave; a figure not yet in a document stays
         live = [(a, f) for a, f in zip(self.annotations, self._figures) if f() is not None]
         self.annotations, self._figures = [a for a, _ in live], [f for _, f in live]
         anns = [f() for f in self.factories]
