@@ -29,6 +29,23 @@ COLUMN_LENGTHS = """(cols) => Bokeh.documents.flatMap(d => [...d.all_models])
 TIMEOUT = 90_000
 
 
+def test_compaction_fields_show_every_line_of_the_session(app_page):
+    page, app = app_page
+    page.locator(".bk-tab", has_text="Compaction").click()
+    page.locator(".ts-cp-run button").wait_for(timeout=TIMEOUT)
+    s = app.study_cards["compaction"].settings
+    names = ["sys", "T1", "T2", "summary", "T3", "New tokens"]
+    boxes = [page.get_by_label(n, exact=True) for n in names]
+    for box in boxes:
+        box.wait_for(timeout=TIMEOUT)
+    wait_until(lambda: all(b.evaluate("el => el.scrollHeight <= el.clientHeight + 1") for b in boxes[:5]), page,
+               timeout=15_000)  # no field hides lines of its segment (sys and T1 had lines out of sight)
+    assert s.t1.count("\n") >= 2  # the synthetic session's T1 spans several lines
+    rects = [b.bounding_box() for b in boxes]
+    for name, upper, lower in zip(names, rects, rects[1:]):
+        assert upper["y"] + upper["height"] <= lower["y"], f"the {name} field overlaps the one below it"
+
+
 def test_compaction_card_runs_a_typed_session_like_the_study(app_page, sample_model):
     page, app = app_page
     s = app.study_cards["compaction"].settings

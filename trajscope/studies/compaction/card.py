@@ -135,11 +135,13 @@ class CompactionView(StateView):
 
     def __panel__(self):
         s = self.settings
-        def area(p, name: str, height: int):  # text areas keep the segments' newlines (inputs drop them)
-            return pn.widgets.TextAreaInput.from_param(p, name=name, sizing_mode="stretch_width", height=height)
+        def area(p, name: str, rows: int):  # text areas keep the segments' newlines (inputs drop them)
+            # as tall as the segment's lines (up to 12); a fixed height clipped the box under its label
+            return pn.widgets.TextAreaInput.from_param(p, name=name, sizing_mode="stretch_width", rows=rows,
+                                                       auto_grow=True, max_rows=12)
 
-        fields = [area(s.param.sys, "sys", 55), area(s.param.t1, "T1", 75), area(s.param.t2, "T2", 75),
-                  area(s.param.summary_text, "summary", 55), area(s.param.t3, "T3", 45)]
+        fields = [area(s.param.sys, "sys", 1), area(s.param.t1, "T1", 2), area(s.param.t2, "T2", 2),
+                  area(s.param.summary_text, "summary", 1), area(s.param.t3, "T3", 1)]
         n_new = pn.widgets.IntInput.from_param(s.param.max_new_tokens, name="New tokens", width=110)
         syn = pn.widgets.Button(label="New synthetic", width=120, css_classes=["ts-cp-synthetic"], disabled=pn.bind(any_of, s.param.busy, self.state.param.busy))
         syn.on_click(self.new_synthetic)
