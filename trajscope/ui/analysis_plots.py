@@ -52,4 +52,3 @@ def robust_clim(values: np.ndarray, centre: float | None = None, q: float = 99.0
         return 0.0, 1.0
     lo, hi = float(np.percentile(v, 100 - q)), float(np.percentile(v, q))
     return (lo, hi) if hi > lo else (lo, lo + 1.0)
-
