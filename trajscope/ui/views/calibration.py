@@ -19,6 +19,7 @@ import param
 from trajscope.errors import TrajscopeError
 from trajscope.safe_paths import safe_name
 from trajscope.ui.views._base import StateView, dispatcher, in_slot
+from trajscope.ui.views.download import Download
 
 _ONE_AT_A_TIME = threading.Lock()
 
@@ -109,7 +110,7 @@ class CalibrationPanel(StateView):
                                                 placeholder="the model's shipped prompts", width=280)
         button = pn.widgets.Button(label="Write calibration report (quick)", width=280, css_classes=["ts-calibrate"])
         button.on_click(self.start)
-        down = pn.widgets.FileDownload(callback=self._download, filename="calibration-report.html", width=280,
+        down = Download(callback=self._download, filename="calibration-report.html", width=280,
                                        label="Download calibration report (HTML)", css_classes=["ts-download-calibration"])
 
         def status(text, busy, path):

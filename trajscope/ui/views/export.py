@@ -13,6 +13,7 @@ from trajscope.errors import TrajscopeError
 from trajscope.safe_paths import safe_name
 from trajscope.ui.export import FORMATS, report_bytes, run_zip_bytes, table_bytes
 from trajscope.ui.views._base import StateView
+from trajscope.ui.views.download import Download
 
 
 class ExportView(StateView):
@@ -54,9 +55,9 @@ class ExportView(StateView):
     def __panel__(self):
         table = pn.widgets.Select.from_param(self.param.table, name="Table", width=130)
         fmt = pn.widgets.RadioButtonGroup.from_param(self.param.fmt, name="Format", width=150)
-        down = pn.widgets.FileDownload(callback=self._table, filename=self._filename(), label="Download table",
+        down = Download(callback=self._table, filename=self._filename(), label="Download table",
                                        color="primary", width=280, css_classes=["ts-download-table"])
-        zipd = pn.widgets.FileDownload(callback=self._zip, filename="run.zip", label="Download run (zip)", width=280,
+        zipd = Download(callback=self._zip, filename="run.zip", label="Download run (zip)", width=280,
                                        css_classes=["ts-download-zip"])
 
         def rename(*_):
@@ -65,7 +66,7 @@ class ExportView(StateView):
 
         other = pn.widgets.TextInput.from_param(self.param.compare_with, name="Compare with run directory (optional)",
                                                 placeholder="runs/other", width=280)
-        report = pn.widgets.FileDownload(callback=self._report, filename="trajscope-report.html", width=280,
+        report = Download(callback=self._report, filename="trajscope-report.html", width=280,
                                          label="Download comparison report (HTML)", css_classes=["ts-download-report"])
         self.param.watch(rename, ["table", "fmt"])
         self.state.param.watch(rename, ["revision"])
