@@ -113,3 +113,17 @@ def test_step_changes_move_the_readout_during_a_long_generation(app_page):
     wait_until(lambda: not app.state.busy, page, timeout=TIMEOUT)
     assert len(times) >= 10, f"the generation ended before enough key presses: {times}"
     assert min(times) >= 0, f"a key press left the step readout unchanged for 5 s (ms per press): {times}"
+
+
+def test_a_temperature_out_of_range_is_refused_with_one_sentence(app_page):
+    """The field sends what was typed: a bound on the field made the browser keep the old value while showing -1,
+    and Generate ran greedy, unsaid."""
+    page, app = app_page
+    demo = app.state.trajectory.run_id
+    set_field(page, "Temperature", -1)
+    wait_until(lambda: app.state.temperature == -1, page, timeout=TIMEOUT)
+    page.locator(".ts-generate button").click()
+    page.locator(".ts-error", has_text="Temperature must be from 0 (greedy) to 5 (it is -1").wait_for(timeout=TIMEOUT)
+    assert app.state.trajectory.run_id == demo and not app.state.busy  # nothing ran, the run on screen stays
+    set_field(page, "Temperature", 0.7)
+    wait_until(lambda: app.state.temperature == 0.7, page, timeout=TIMEOUT)

@@ -70,7 +70,13 @@ def test_capture_plan_and_errors():
     st.param.update(prompt="x", max_new_tokens=0)
     with pytest.raises(ts.TrajscopeError, match="at least 1"):
         st.capture_plan()
-    st.param.update(max_new_tokens=5, keep_attention="0,9")
+    for bad in (-1.0, 5.5, float("nan")):  # the field passes what was typed; the plan refuses it with one sentence
+        st.param.update(max_new_tokens=5, temperature=bad)
+        with pytest.raises(ts.TrajscopeError, match=r"Temperature must be from 0 \(greedy\) to 5 \(it is"):
+            st.capture_plan()
+    st.param.update(temperature=5.0)
+    assert st.capture_plan().config.temperature == 5.0
+    st.param.update(max_new_tokens=5, temperature=0.0, keep_attention="0,9")
     with pytest.raises(ts.TrajscopeError, match="layer 9 is out of range"):
         st.capture_plan().for_model(6)
     assert parse_layers("all") == "all" and parse_layers("none") is None and parse_layers("") is None

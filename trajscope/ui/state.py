@@ -30,6 +30,7 @@ from trajscope.ui.plan import CapturePlan
 
 DEMO_PROMPT = "def fibonacci(n):\n    "
 MEAN = -1  # head index meaning "mean over heads"
+MAX_TEMPERATURE = 5.0  # the sampling temperature the app accepts, at most
 TOKEN_METRICS = {"next-token entropy (nats)": "entropy", "logprob of the token": "logprob",
                  "residual drift (z vs prefill)": "drift", "chat turn (segment)": "segment"}
 _NOT_METRICS = {"pos", "step", "token_id", "entropy", "logprob"}
@@ -101,7 +102,9 @@ class AppState(param.Parameterized):
                          "when it has one (an instruct model such as SmolLM2 answers a bare prompt with end-of-turn); "
                          "models without a template continue the text as it is.")
     max_new_tokens = param.Integer(default=64, doc="Decode steps to run at most (≥ 1; checked when Generate is pressed).")
-    temperature = param.Number(default=0.0, bounds=(0.0, 5.0), doc="0 = greedy; > 0 samples with this temperature.")
+    temperature = param.Number(default=0.0, doc="0 = greedy; > 0 samples with this temperature (at most 5; checked "
+                               "when Generate is pressed: a bound here would make the field drop an out-of-range value "
+                               "unsaid).")
     seed = param.Integer(default=0, doc="Random seed for sampling (ignored when greedy).")
     keep_attention = param.String(default="none", doc="Layers whose full attention rows are kept besides the layer "
                                   "shown in the heatmap: 'all', 'none' or '0,3' (other layers keep their top-8 keys).")
@@ -258,12 +261,15 @@ class AppState(param.Parameterized):
         middle layer for a model not on screen yet: the layer its run opens on).
 
         Raises:
-            TrajscopeError: empty prompt, a prompt or max new tokens over the server's caps, or an unreadable layers field.
+            TrajscopeError: empty prompt, a prompt or max new tokens over the server's caps, a temperature out of range,
+                or an unreadable layers field.
         """
         if not self.prompt.strip():
             raise TrajscopeError("The prompt is empty; type some text to continue.")
         if self.max_new_tokens is None or int(self.max_new_tokens) < 1:
             raise TrajscopeError(f"Max new tokens must be at least 1 (it is {self.max_new_tokens}).")
+        if self.temperature is None or not 0.0 <= float(self.temperature) <= MAX_TEMPERATURE:
+            raise TrajscopeError(f"Temperature must be from 0 (greedy) to {MAX_TEMPERATURE:g} (it is {self.temperature}).")
         from trajscope.ui.operator import config
 
         config().new_tokens(int(self.max_new_tokens))
