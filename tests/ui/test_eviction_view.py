@@ -39,8 +39,13 @@ def test_bad_settings_stop_before_any_work(view, short_run):
     assert s.status == ""  # the message goes once the input is fixed
     s.window = short_run.prompt_len + 1
     assert f"longer than this run's prompt ({short_run.prompt_len} tokens)" in s.status
+    s.window = -3  # the field sends what was typed (a bound made the browser keep the old window, unsaid)
+    assert s.status == "The window must be at least 1 prompt position; got -3."
+    view.run()
+    assert s.result is None and not s.busy
     s.policy = "streamingllm"  # no window: nothing to complain about
     assert EvictionSettings(policy="streamingllm", window=999).check(short_run.prompt_len) is None
+    assert EvictionSettings(policy="streamingllm", window=0).check(short_run.prompt_len) is None
 
 
 def test_card_result_matches_the_study_and_plots_carry_it(view, short_run, sample_model):

@@ -49,8 +49,8 @@ class EvictionSettings(param.Parameterized):
     policy = param.Selector(default="snapkv", objects=list(POLICIES),
                             doc="Eviction policy: which prompt keys stay in the cache after prefill.")
     budget = param.Number(default=0.5, doc="Kept prompt positions per head, as a fraction of the prompt in (0, 1].")
-    window = param.Integer(default=4, bounds=(1, None),
-                           doc="Observation / recent window w (prompt positions); StreamingLLM has none.")
+    window = param.Integer(default=4, doc="Observation / recent window w (prompt positions, at least 1; checked by "
+                           ":meth:`check`); StreamingLLM has none.")
     busy = param.Boolean(default=False, doc="A study is running.")
     status = param.String(default="", doc="Progress / result line, or the one error sentence.")
     result = param.ClassSelector(class_=Result, allow_None=True,
@@ -66,6 +66,8 @@ class EvictionSettings(param.Parameterized):
         bad = budget_error(self.budget)
         if bad:
             return bad
+        if self.has_window() and (self.window is None or self.window < 1):
+            return f"The window must be at least 1 prompt position; got {self.window}."
         if self.has_window() and self.window > prompt_len:
             return (f"The window ({self.window}) is longer than this run's prompt ({prompt_len} tokens): "
                     f"use a window of 1–{prompt_len}.")

@@ -53,9 +53,10 @@ class SteeringSettings(param.Parameterized):
     """A CAA steering vector's settings and the results of steering the current prompt."""
 
     pairs_path = param.String(default=str(SAMPLE_PAIRS), doc="Contrast pairs (JSON lines: positive, negative) for CAA.")
-    layer = param.Integer(default=3, bounds=(0, None), doc="Block whose output is steered.")
+    layer = param.Integer(default=3, doc="Block whose output is steered (checked against the model when the vector is "
+                          "built: a bound here would make the field drop an out-of-range value unsaid).")
     strength = param.Number(default=1.0, doc="Multiplier of the CAA direction (add) or target projection (clamp).")
-    start_step = param.Integer(default=1, bounds=(0, None), doc="First steered step (1 = first decode step).")
+    start_step = param.Integer(default=1, doc="First steered step (1 = first decode step; ≥ 0, checked when steering).")
     mode = param.Selector(default="add", objects=["add", "clamp"], doc="add: h + s·v; clamp: set the projection on v to s.")
     depths = param.String(default="1,10,50,200", doc="Start depths of the sweep (those beyond the run are skipped).")
     busy = param.Boolean(default=False, doc="A steering job is running.")
