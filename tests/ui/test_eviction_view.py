@@ -94,7 +94,7 @@ def test_card_result_matches_the_study_and_plots_carry_it(view, short_run, sampl
 
 
 def test_cursor_follows_the_step_and_a_new_run_clears(view, short_run):
-    view.settings.param.update(policy="streamingllm", budget=0.6)
+    view.settings.param.update(policy="streamingllm", budget=0.6, window=-3)  # its window field is off and unread
     view.run()
     assert view.settings.result is not None, view.settings.status
     assert len(view.cursor.annotations) == 3  # one line on each step figure

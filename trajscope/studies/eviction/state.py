@@ -145,7 +145,8 @@ def run_study(model, traj, policy: str, budget: float, window: int) -> Result:
     if n_new < 2:
         raise TrajscopeError("The eviction study needs a run with at least 2 generated tokens.")
     config = EvictionConfig(policies=(policy,), budgets=(float(budget),), max_new_tokens=n_new,
-                            window=min(window, P) if policy in NO_WINDOW else window, split=True)
+                            window=max(1, min(window, P)) if policy in NO_WINDOW else window,  # unread there
+                            split=True)
     res = run(model, [(traj.run_id, list(traj.token_ids[:P]))], config)
     key = passkey_of(model.tokenizer.decode(list(traj.token_ids[:P])))
     if key is not None:
