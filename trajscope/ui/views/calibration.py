@@ -111,7 +111,7 @@ class CalibrationPanel(StateView):
         button = pn.widgets.Button(label="Write calibration report (quick)", width=280, css_classes=["ts-calibrate"])
         button.on_click(self.start)
         down = Download(callback=self._download, filename="calibration-report.html", width=280,
-                                       label="Download calibration report (HTML)", css_classes=["ts-download-calibration"])
+                        label="Download calibration report (HTML)", css_classes=["ts-download-calibration"])
 
         def status(text, busy, path):
             button.disabled = busy

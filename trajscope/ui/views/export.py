@@ -56,9 +56,9 @@ class ExportView(StateView):
         table = pn.widgets.Select.from_param(self.param.table, name="Table", width=130)
         fmt = pn.widgets.RadioButtonGroup.from_param(self.param.fmt, name="Format", width=150)
         down = Download(callback=self._table, filename=self._filename(), label="Download table",
-                                       color="primary", width=280, css_classes=["ts-download-table"])
+                        color="primary", width=280, css_classes=["ts-download-table"])
         zipd = Download(callback=self._zip, filename="run.zip", label="Download run (zip)", width=280,
-                                       css_classes=["ts-download-zip"])
+                        css_classes=["ts-download-zip"])
 
         def rename(*_):
             down.filename = self._filename()
@@ -67,7 +67,7 @@ class ExportView(StateView):
         other = pn.widgets.TextInput.from_param(self.param.compare_with, name="Compare with run directory (optional)",
                                                 placeholder="runs/other", width=280)
         report = Download(callback=self._report, filename="trajscope-report.html", width=280,
-                                         label="Download comparison report (HTML)", css_classes=["ts-download-report"])
+                          label="Download comparison report (HTML)", css_classes=["ts-download-report"])
         self.param.watch(rename, ["table", "fmt"])
         self.state.param.watch(rename, ["revision"])
         rename()
