@@ -15,20 +15,10 @@ from browser import set_field  # noqa: E402
 TIMEOUT = 90_000
 
 
-class Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
-def test_a_refused_report_download_says_why_and_the_next_press_downloads(app_page):
+def test_a_refused_report_download_says_why_and_the_next_press_downloads(app_page, caplog):
     page, app = app_page
-    errors = Records()
-    logging.getLogger().addHandler(errors)
-    logging.getLogger("panel").addHandler(errors)  # Panel's own logger does not always reach the root
+    caplog.set_level(logging.ERROR)
+    logging.getLogger("panel").addHandler(caplog.handler)  # Panel's logger does not pass its records to the root
     try:
         page.locator(".bk-tab", has_text="Export").click()
         page.locator(".ts-download-report button").wait_for(timeout=TIMEOUT)
@@ -37,14 +27,13 @@ def test_a_refused_report_download_says_why_and_the_next_press_downloads(app_pag
         wait_until(lambda: "outside the directories this server reads" in app.state.error, page, timeout=TIMEOUT)
         page.locator(".ts-error", has_text="/nope/other").wait_for(timeout=TIMEOUT)
         page.wait_for_timeout(500)  # the refused transfer has run on the server
-        assert not errors.records, [r.getMessage() for r in errors.records]  # was: "Callback failed … NoneType"
+        assert not caplog.records, [r.getMessage() for r in caplog.records]  # was: "Callback failed … NoneType"
 
         set_field(page, "Compare with run directory (optional)", "")
         with page.expect_download(timeout=TIMEOUT) as download:
             page.locator(".ts-download-report button").click()
         html = open(download.value.path(), encoding="utf-8").read()
         assert html.lstrip().lower().startswith("<!doctype html") and app.state.trajectory.run_id in html
-        assert not errors.records, [r.getMessage() for r in errors.records]
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
     finally:
-        logging.getLogger().removeHandler(errors)
-        logging.getLogger("panel").removeHandler(errors)
+        logging.getLogger("panel").removeHandler(caplog.handler)
