@@ -66,11 +66,12 @@ class EvictionSettings(param.Parameterized):
         bad = budget_error(self.budget)
         if bad:
             return bad
-        if self.has_window() and (self.window is None or self.window < 1):
-            return f"The window must be at least 1 prompt position; got {self.window}."
-        if self.has_window() and self.window > prompt_len:
-            return (f"The window ({self.window}) is longer than this run's prompt ({prompt_len} tokens): "
-                    f"use a window of 1–{prompt_len}.")
+        if self.has_window():
+            if self.window is None or self.window < 1:
+                return f"The window must be at least 1 prompt position; got {self.window}."
+            if self.window > prompt_len:
+                return (f"The window ({self.window}) is longer than this run's prompt ({prompt_len} tokens): "
+                        f"use a window of 1–{prompt_len}.")
         return None
 
     def clear(self) -> None:
