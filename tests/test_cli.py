@@ -38,6 +38,9 @@ def test_errors_are_one_sentence(tiny_dirs, tmp_path, capsys):
     cases = [
         (["--model", "nope/nope-xyz", "--prompt", "x"], "Unknown model"),
         (["--model", str(tiny_dirs["llama"]), "--prompt", "x", "--max-new-tokens", "0"], "positive whole number"),
+        (["--model", str(tiny_dirs["llama"]), "--prompt", "x", "--temperature", "nan"], "finite number ≥ 0"),
+        (["--model", str(tiny_dirs["llama"]), "--prompt", "x", "--temperature", "inf"], "finite number ≥ 0"),
+        (["--model", str(tiny_dirs["llama"]), "--prompt", "x", "--temperature", "-1"], "finite number ≥ 0"),
         (["--prompts", str(bad)], "line 2: not valid JSON"),
         (["--prompts", str(empty)], "holds no prompts"),
         (["--prompt", "x", "--prompts", str(bad)], "exactly one of"),

@@ -15,6 +15,7 @@ range.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence, Union
 
 from trajscope.errors import TrajscopeError
@@ -103,8 +104,8 @@ class CaptureConfig:
         n = self.max_new_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             raise TrajscopeError(f"max_new_tokens must be a positive whole number, not {n!r}.")
-        if self.temperature is None or self.temperature < 0:
-            raise TrajscopeError(f"temperature must be ≥ 0 (0 means greedy), not {self.temperature}.")
+        if self.temperature is None or not 0 <= self.temperature < math.inf:  # NaN fails both comparisons
+            raise TrajscopeError(f"temperature must be a finite number ≥ 0 (0 means greedy), not {self.temperature}.")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise TrajscopeError(f"top_p must be in (0, 1], not {self.top_p}.")
         for name in ("top_k_keys", "top_k_tokens", "sae_top_k"):
