@@ -142,6 +142,13 @@ def test_token_table_matches_full_forward_logits(sample_model):
     assert tok["phase"].to_list() == ["prefill"] * traj.prompt_len + ["decode"] * (len(ids) - traj.prompt_len)
 
 
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), -1.0])
+def test_a_temperature_that_is_not_a_finite_number_from_zero_is_refused(temperature):
+    # 'nan < 0' is False: a NaN temperature passed a '< 0' check and then ran greedy ('nan > 0' is False too)
+    with pytest.raises(ts.TrajscopeError, match="^temperature must be a finite number ≥ 0"):
+        ts.CaptureConfig(temperature=temperature)
+
+
 def test_stops_at_eos(tiny_models):
     model = tiny_models["llama"]
     free = ts.capture(model, PROMPT, max_new_tokens=8, stop_at_eos=False)

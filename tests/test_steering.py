@@ -230,6 +230,15 @@ def test_bad_vectors(tiny_models, kwargs, fragment):
         ts.capture(tiny_models["llama"], PROMPT, max_new_tokens=6, steering=[SteeringVector(**args)])
 
 
+@pytest.mark.parametrize("strength", [float("nan"), float("inf"), -float("inf")])
+def test_a_strength_that_is_not_a_finite_number_is_refused(strength):
+    # a NaN strength made every steered residual NaN: the sample model's capture then stopped at step 2 on EOS
+    with pytest.raises(ts.TrajscopeError, match="^The steering strength must be a finite number"):
+        SteeringVector(layer=1, direction=torch.ones(32), strength=strength)
+    with pytest.raises(ts.TrajscopeError, match="^The steering strength must be a finite number"):
+        SteeringVector(layer=1, direction=torch.ones(32)).at(strength=strength)
+
+
 def test_vector_files_round_trip(tmp_path):
     vec = SteeringVector(layer=2, direction=torch.arange(1.0, 5.0), strength=3.0, start_step=10, name="quotes")
     back = SteeringVector.load(vec.save(tmp_path / "v.safetensors"))

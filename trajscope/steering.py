@@ -20,6 +20,7 @@ residual at the last prompt token over contrast pairs, Rimsky et al. 2024),
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 from typing import Any, Sequence
 
@@ -60,6 +61,8 @@ class SteeringVector:
         if d.numel() == 0 or not torch.isfinite(d).all() or float(d.norm()) == 0.0:
             raise TrajscopeError("The steering direction must be a non-zero, finite vector.")
         object.__setattr__(self, "direction", d)
+        if not math.isfinite(float(self.strength)):  # a NaN strength makes every steered residual NaN
+            raise TrajscopeError(f"The steering strength must be a finite number, not {self.strength}.")
         if self.start_step < 0:
             raise TrajscopeError(f"start_step must be ≥ 0, not {self.start_step}.")
         if self.end_step is not None and self.end_step <= self.start_step:

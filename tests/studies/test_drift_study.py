@@ -95,6 +95,13 @@ def test_a_bad_setting_is_one_sentence_before_the_model_loads(tiny_dirs, prompt_
 
     assert main(["study", "drift", "--prompts", str(prompt_file), "--fpr", "2", "--out", str(tmp_path / "x")]) == 2
     assert "--fpr must be between 0 and 1" in capsys.readouterr().err
+    for flag, value, fragment in (("--fpr", "nan", "expected a finite number"),
+                                  ("--trajectory-rate", "inf", "expected a finite number")):
+        with pytest.raises(SystemExit) as exit_:  # argparse's own error: before any model or file is read
+            main(["study", "drift", "--prompts", str(prompt_file), flag, value, "--out", str(tmp_path / "x")])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {flag}: {fragment}" in err and "Traceback" not in err, err
 
 
 def test_the_shipped_report_shows_the_shipped_headline():

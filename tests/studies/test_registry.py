@@ -159,3 +159,23 @@ def test_serving_section_reads_the_result_it_is_given():
     from trajscope.studies.serving.sections import ci
 
     assert ci(deepest["rel_l2_mean"], deepest["rel_l2_mean_lo"], deepest["rel_l2_mean_hi"]) in body and figs
+
+
+def test_number_flags_take_finite_numbers_only(capsys):
+    import argparse
+
+    from trajscope.cli import main
+    from trajscope.studies.flags import floats, number
+
+    assert number("0.5") == 0.5 and number("-2") == -2.0 and number("1e-3") == 1e-3
+    assert floats("0.1, 0.5,6") == (0.1, 0.5, 6.0)
+    for bad in ("nan", "NaN", "inf", "-inf", "x", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"^expected a finite number like 0.5; got '{bad}'$"):
+            number(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="^expected comma-separated finite numbers like 0.1,0.5; got '1,nan'$"):
+        floats("1,nan")
+    # a study's float-tuple flag (the steering study's --strengths) refuses it before anything is read
+    with pytest.raises(SystemExit) as exit_:
+        main(["study", "steering", "--prompts", PROMPTS, "--strengths", "4,nan", "--out", "unused"])
+    assert exit_.value.code == 2
+    assert "argument --strengths: expected comma-separated finite numbers" in capsys.readouterr().err

@@ -110,7 +110,7 @@ def test_a_bad_setting_is_one_sentence(tiny_dirs, tmp_path, capsys):
     assert main(argv) == 2 and "exactly one of --vector" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # the generated flag parses numbers
         main([*argv, "--pairs", "p.jsonl", "--layer", "1", "--strengths", "a"])
-    assert "comma-separated numbers" in capsys.readouterr().err
+    assert "comma-separated finite numbers" in capsys.readouterr().err
     with pytest.raises(ts.TrajscopeError, match="--strengths must be comma-separated numbers"):
         get("steering").config(pairs="p.jsonl", layer=1, strengths=("a",))  # the alias passes text through
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "def f(x):"}))

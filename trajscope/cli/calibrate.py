@@ -9,6 +9,7 @@ import typing
 from typing import Any
 
 from trajscope.errors import TrajscopeError
+from trajscope.studies.flags import number
 
 
 def parse_settings(items: list[str]) -> dict[str, dict[str, Any]]:
@@ -80,7 +81,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--sae", nargs="+", default=None, help="SAE directories (default: the model's shipped SAEs)")
     p.add_argument("--vector", nargs="+", default=None, help="steering vector files (default: the shipped ones)")
     p.add_argument("--profile", default=None, help="drift profile (default: the model's shipped profile)")
-    p.add_argument("--budget", type=float, default=None, help="minutes after which no further study starts")
+    p.add_argument("--budget", type=number, default=None, help="minutes after which no further study starts")
     p.add_argument("--quick", action="store_true", help="each study on its quick settings (minutes, not an hour)")
     p.add_argument("--set", action="append", default=None, metavar="STUDY.FIELD=VALUE",
                    help="a study setting, e.g. steering.depths=1,8 (repeatable)")

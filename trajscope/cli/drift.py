@@ -22,6 +22,7 @@ import sys
 
 from trajscope.cli import options as opt
 from trajscope.errors import TrajscopeError
+from trajscope.studies.flags import number
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -152,7 +153,7 @@ def register(sub) -> None:
                     "trajscope profile --prompts sample_data/prompts/heldout_chunks.jsonl --out profile.safetensors")
     opt.add_model(p, dtype=False)
     p.add_argument("--prompts", required=True, help="JSON-lines prompt file")
-    p.add_argument("--fpr", type=float, default=0.01, help="target false-positive rate of the drift threshold")
+    p.add_argument("--fpr", type=number, default=0.01, help="target false-positive rate of the drift threshold")
     p.add_argument("--seed", type=int, default=0, help="seed of the fit / calibrate / evaluate split of prompt ids")
     opt.add_out(p, "profile file (.safetensors)")
     opt.add_quiet(p)
@@ -167,13 +168,13 @@ def register(sub) -> None:
     opt.add_model(d, dtype=False)
     d.add_argument("--prompts", required=True, help="JSON-lines prompt file")
     d.add_argument("--profile", default=None, help="a profile file; default: built from these prompts' prefill")
-    d.add_argument("--fpr", type=float, default=0.01, help="false-positive rate when the profile is built here")
+    d.add_argument("--fpr", type=number, default=0.01, help="false-positive rate when the profile is built here")
     d.add_argument("--max-new-tokens", type=int, default=64, help="decode steps per prompt")
-    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    d.add_argument("--temperature", type=number, default=0.0, help="0 = greedy")
     d.add_argument("--no-eos", action="store_true", help="do not stop at the EOS token")
     d.add_argument("--seed", type=int, default=0, help="sampling, split (when the profile is built here) and "
                    "bootstrap seed")
-    d.add_argument("--trajectory-rate", type=float, default=0.1,
+    d.add_argument("--trajectory-rate", type=number, default=0.1,
                    help="target false-alarm rate of the trajectory-level flag (needs >= 1/rate - 1 calibrate runs)")
     d.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per interval")
     d.add_argument("--cluster", choices=("auto", "file", "prompt"), default="auto",

@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from trajscope.errors import TrajscopeError
+from trajscope.studies.flags import number
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -46,8 +47,8 @@ def add_model(p: argparse.ArgumentParser, *, remote: bool = False, dtype: bool =
 def add_sampling(p: argparse.ArgumentParser, *, max_new_tokens: int = 64) -> None:
     """``--max-new-tokens``, ``--temperature``, ``--top-p``, ``--top-k``, ``--seed``, ``--no-eos``."""
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="decode steps per prompt")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling limit")
+    p.add_argument("--temperature", type=number, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=number, default=None, help="nucleus sampling limit")
     p.add_argument("--top-k", type=int, default=None, help="top-k sampling limit")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--no-eos", action="store_true", help="do not stop at the EOS token")
@@ -66,7 +67,7 @@ def add_steering(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steer", default=None, help="a steering vector file (.safetensors from SteeringVector.save, or .npy "
                    "with --steer-layer), e.g. sample_data/vectors/quotes_caa_layer3.safetensors")
     p.add_argument("--steer-layer", type=int, default=None, help="block to steer (default: the one stored in the file)")
-    p.add_argument("--steer-strength", type=float, default=None, help="multiplier (add) or target projection (clamp); "
+    p.add_argument("--steer-strength", type=number, default=None, help="multiplier (add) or target projection (clamp); "
                    "default: the one stored in the file")
     p.add_argument("--steer-start", type=int, default=1, help="first steered decode step (0 also steers the prompt)")
     p.add_argument("--steer-end", type=int, default=None, help="first step no longer steered (default: never stops)")

@@ -26,6 +26,7 @@ from typing import Any
 
 from trajscope.cli import options as opt
 from trajscope.errors import TrajscopeError
+from trajscope.studies.flags import number
 
 
 def cmd_harvest(args: argparse.Namespace) -> int:
@@ -212,8 +213,8 @@ def register(sub: Any) -> None:
     h.add_argument("--max-new-tokens", type=int, default=256, help="0 = prefill positions only")
     h.add_argument("--n-sampled", type=int, default=1, help="sampled continuations per prompt (besides greedy)")
     h.add_argument("--no-greedy", action="store_true")
-    h.add_argument("--temperature", type=float, default=0.8)
-    h.add_argument("--top-p", type=float, default=0.95)
+    h.add_argument("--temperature", type=number, default=0.8)
+    h.add_argument("--top-p", type=number, default=0.95)
     h.add_argument("--seed", type=int, default=0)
     h.add_argument("--stop-at-eos", action="store_true", help="end continuations at EOS (default: run to the limit)")
     h.add_argument("--engine", choices=("capture", "forward"), default="capture")
@@ -229,14 +230,14 @@ def register(sub: Any) -> None:
                     "Train a TopK or ReLU SAE in SAELens format on prefill rows, or on a mix with decode rows.",
                     "trajscope train-sae --harvest h/ --decode-fraction 0.5 --out sae-hybrid/")
     t.add_argument("--harvest", nargs="+", required=True, help="harvest directories (same layer)")
-    t.add_argument("--decode-fraction", type=float, default=0.0, help="share of decode rows per batch (0 = prefill-only)")
+    t.add_argument("--decode-fraction", type=number, default=0.0, help="share of decode rows per batch (0 = prefill-only)")
     t.add_argument("--architecture", choices=("topk", "standard"), default="topk")
     t.add_argument("--d-sae", type=int, default=1024)
     t.add_argument("--k", type=int, default=32, help="active features (topk)")
-    t.add_argument("--l1", type=float, default=3e-3, help="L1 coefficient (standard)")
+    t.add_argument("--l1", type=number, default=3e-3, help="L1 coefficient (standard)")
     t.add_argument("--n-tokens", type=int, default=1_000_000, help="training rows (the budget)")
     t.add_argument("--batch-size", type=int, default=1024)
-    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--lr", type=number, default=1e-3)
     t.add_argument("--seed", default="0", help="seed, or several (0,1,2) to train one SAE per seed on the same data "
                    "and budget (replicates for the seed-to-seed noise floor; --out must then contain {seed})")
     t.add_argument("--threads", type=int, default=None)

@@ -18,6 +18,7 @@ import threading
 
 from trajscope.cli import options as opt
 from trajscope.errors import TrajscopeError
+from trajscope.studies.flags import number
 
 
 def cmd_steer_sweep(args: argparse.Namespace) -> int:
@@ -86,7 +87,7 @@ def register(sub) -> None:
     s.add_argument("--window", type=int, default=20, help="steered steps averaged into the effect size")
     s.add_argument("--max-new-tokens", type=int, default=None, help="default: max depth + window")
     s.add_argument("--seeds", default="0", help="comma-separated sampling seeds")
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    s.add_argument("--temperature", type=number, default=0.0, help="0 = greedy")
     s.add_argument("--targets", nargs="*", help="single-token strings whose logit change is tracked")
     opt.add_out(s, "folder for the steering study's tables (steering*.parquet), its marker and vector.safetensors")
     s.set_defaults(func=cmd_steer_sweep)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import types
 import typing
@@ -55,12 +56,24 @@ def ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers like 1,4,16; got '{text}'") from exc
 
 
-def floats(text: str) -> tuple[float, ...]:
-    """``"0.1,0.5,6"`` → ``(0.1, 0.5, 6.0)``; argparse's error when it is not numbers."""
+def number(text: str) -> float:
+    """``"0.5"`` → ``0.5``; argparse's error when it is not a finite number (``float`` alone takes ``nan`` and
+    ``inf``, which no trajscope setting means: a NaN fails every range check written as ``x < lo``)."""
     try:
-        return tuple(float(t) for t in text.split(",") if t.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 0.1,0.5; got '{text}'") from exc
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number like 0.5; got '{text}'")
+    return value
+
+
+def floats(text: str) -> tuple[float, ...]:
+    """``"0.1,0.5,6"`` → ``(0.1, 0.5, 6.0)``; argparse's error when it is not finite numbers."""
+    try:
+        return tuple(number(t) for t in text.split(",") if t.strip())
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers like 0.1,0.5; got '{text}'") from exc
 
 
 def words(text: str) -> tuple[str, ...]:
@@ -82,7 +95,7 @@ def _flag_kwargs(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
         if default is not None:  # a string default goes through ``type``: shown as it is typed
             kw["default"] = ",".join(map(str, default))
     elif hint in (int, float, str):
-        kw["type"] = hint
+        kw["type"] = number if hint is float else hint
     else:
         raise TypeError(f"config field {f.name!r}: no flag for type {hint!r}")
     if "choices" in f.metadata:
