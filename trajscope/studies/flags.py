@@ -7,7 +7,8 @@ Every registered study (:mod:`trajscope.studies.registry`) becomes a subcommand.
 - one per field of the study's frozen config dataclass: ``--field-name``, its help from the
   field's ``metadata["help"]``, its type from the annotation (``int``, ``float``, ``str``,
   ``bool`` as a switch, ``tuple[int, ...]`` / ``tuple[float, ...]`` / ``tuple[str, ...]`` as
-  comma-separated lists, any of them ``| None``) and ``metadata["choices"]`` where given.
+  comma-separated lists, any of them ``| None``) and ``metadata["choices"]`` where given. A float
+  is a finite number (:func:`number`, which the other commands' float flags use too).
 
 A study that builds its own input (the needle study's passkey prompts, the compaction study's
 sessions) says so with a class attribute ``OWN_INPUT`` on its config (a phrase naming what it reads
