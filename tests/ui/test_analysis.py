@@ -166,14 +166,17 @@ def test_steering_view_runs_off_the_event_loop(llama, tmp_path):
         time.sleep(0.05)
     assert "No contrast-pair file" in view.settings.status
     for field, bad, sentence in (("layer", -1, "Steering layer -1 is out of range; the model has layers 0..1."),
-                                 ("start_step", -1, "start_step must be ≥ 0, not -1.")):
+                                 ("start_step", -1, "start_step must be ≥ 0, not -1."),
+                                 # "1e400" typed in the strength field reaches the server as inf
+                                 ("strength", float("inf"), "The steering strength must be a finite number, not inf.")):
         # the fields send what was typed (a bound made the browser keep the old value, unsaid): one sentence, no run
-        view.settings.param.update(**{"pairs_path": str(pairs), "layer": 1, "start_step": 3, "steered": None, field: bad})
+        view.settings.param.update(**{"pairs_path": str(pairs), "layer": 1, "start_step": 3, "strength": 30.0,
+                                      "steered": None, field: bad})
         view.steer()
         while view.settings.busy:
             time.sleep(0.05)
         assert sentence in view.settings.status and view.settings.steered is None, view.settings.status
-    view.settings.param.update(pairs_path=str(pairs), layer=1, start_step=3, mode="clamp")
+    view.settings.param.update(pairs_path=str(pairs), layer=1, start_step=3, strength=30.0, mode="clamp")
     view.steer()
     while view.settings.busy:
         time.sleep(0.05)
