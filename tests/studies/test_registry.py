@@ -16,6 +16,7 @@ import param
 import polars as pl
 import pytest
 
+from trajscope.errors import TrajscopeError
 from trajscope.studies.registry import Result, Study, get, register, studies, unregister
 
 PROMPTS = "sample_data/prompts/heldout_code.jsonl"
@@ -179,3 +180,15 @@ def test_number_flags_take_finite_numbers_only(capsys):
         main(["study", "steering", "--prompts", PROMPTS, "--strengths", "4,nan", "--out", "unused"])
     assert exit_.value.code == 2
     assert "argument --strengths: expected comma-separated finite numbers" in capsys.readouterr().err
+
+
+def test_a_prompt_cut_below_zero_is_one_sentence(toy, tmp_path, capsys):
+    from trajscope.cli import main
+    from trajscope.studies.prompts import study_items
+
+    # '--max-tokens -3' cut each prompt to ids[:-3] (its last 3 tokens dropped), unsaid
+    assert main(["study", "toy", "--prompts", PROMPTS, "--max-tokens", "-3", "--out", str(tmp_path / "x")]) == 2
+    assert "--max-tokens (each prompt's cut) must be 0 for no cut or a number of tokens, not -3." in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(TrajscopeError, match="must be 0 for no cut"):  # the calibration runner's path
+        study_items(None, [{"prompt": "x"}], ToyConfig(), -3)

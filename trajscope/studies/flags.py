@@ -163,6 +163,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         raise TrajscopeError(f"--max-prompts must be at least 1, not {args.max_prompts}.")
     if args.threads is not None and args.threads < 1:
         raise TrajscopeError(f"--threads must be at least 1, not {args.threads}.")
+    if not own:
+        P.check_cut(args.max_tokens)  # before the model loads
     items = [] if own else P.read_prompt_file(args.prompts, args.max_prompts)
     if args.dtype:
         import torch

@@ -83,10 +83,18 @@ def with_header(prompts: Sequence[dict], header: str = DEFAULT_HEADER) -> list[d
     return [{**p, "prompt": header + p["prompt"]} for p in prompts]
 
 
+def check_cut(max_tokens: int | None) -> None:
+    """One sentence for a prompt cut below 0 (``ids[:-3]`` would drop each prompt's last 3 tokens, unsaid)."""
+    if max_tokens is not None and max_tokens < 0:
+        raise TrajscopeError(f"--max-tokens (each prompt's cut) must be 0 for no cut or a number of tokens, "
+                             f"not {max_tokens}.")
+
+
 def study_items(model: Any, items: Sequence[dict], config: Any, max_tokens: int | None) -> tuple[list[dict], int | None]:
     """The prompt records a study runs on and their token cut: the config's ``header`` (``default``:
     :data:`DEFAULT_HEADER`; ``none`` or empty: no header) prepended, and the cut ``max_tokens`` (0 or None: no
     cut) lengthened by the header's tokens, so the cut applies to the prompt after it."""
+    check_cut(max_tokens)
     header = getattr(config, "header", None)
     header = DEFAULT_HEADER if header == "default" else (None if header in (None, "", "none") else header)
     out = with_header(list(items), header) if header else list(items)
