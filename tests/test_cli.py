@@ -42,6 +42,8 @@ def test_errors_are_one_sentence(tiny_dirs, tmp_path, capsys):
         (["--model", str(tiny_dirs["llama"]), "--prompt", "x", "--temperature", "inf"], "expected a finite number"),
         (["--model", str(tiny_dirs["llama"]), "--prompt", "x", "--temperature", "-1"], "finite number ≥ 0"),
         (["--model", str(tiny_dirs["llama"]), "--prompt", "x", "--steer-strength", "nan"], "expected a finite number"),
+        (["--model", str(tiny_dirs["llama"]), "--prompt", "x", "--temperature", "0.7", "--top-k", "-5"],
+         "top_k must be a whole number ≥ 1, or 0 or None for no limit, not -5."),
         (["--prompts", str(bad)], "line 2: not valid JSON"),
         (["--prompts", str(empty)], "holds no prompts"),
         (["--prompt", "x", "--prompts", str(bad)], "exactly one of"),

@@ -65,7 +65,7 @@ class CaptureConfig:
     Attributes:
         max_new_tokens: N ≥ 1; steps 0..N−1 are captured unless EOS or a stop ends sooner.
         temperature: 0 for greedy; > 0 samples (with ``top_p`` / ``top_k`` when given).
-        top_p, top_k: nucleus / top-k sampling limits (None = off).
+        top_p, top_k: nucleus / top-k sampling limits (None = off; a ``top_k`` of 0 is off too).
         seed: seeds torch's RNG for sampling (the RNG state is restored afterwards).
         stop_at_eos: end when the model emits its EOS token.
         residual_layers: layers whose block outputs are kept as tensors (``"all"``, indices, None).
@@ -108,6 +108,9 @@ class CaptureConfig:
             raise TrajscopeError(f"temperature must be a finite number ≥ 0 (0 means greedy), not {self.temperature}.")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise TrajscopeError(f"top_p must be in (0, 1], not {self.top_p}.")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):  # HF raised a ValueError
+            raise TrajscopeError(f"top_k must be a whole number ≥ 1, or 0 or None for no limit, not {k!r}.")
         for name in ("top_k_keys", "top_k_tokens", "sae_top_k"):
             if int(getattr(self, name)) < 1:
                 raise TrajscopeError(f"{name} must be at least 1, not {getattr(self, name)}.")

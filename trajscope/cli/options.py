@@ -49,7 +49,7 @@ def add_sampling(p: argparse.ArgumentParser, *, max_new_tokens: int = 64) -> Non
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="decode steps per prompt")
     p.add_argument("--temperature", type=number, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=number, default=None, help="nucleus sampling limit")
-    p.add_argument("--top-k", type=int, default=None, help="top-k sampling limit")
+    p.add_argument("--top-k", type=int, default=None, help="top-k sampling limit (0: none)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--no-eos", action="store_true", help="do not stop at the EOS token")
 
