@@ -14,8 +14,8 @@ until the page is drawn and 1.5 s more (as ``card_open.py``):
 
 ``panel`` and ``bare`` are floors for any page served this way on the machine: nothing trajscope adds is in
 them. Each page opens in a browser context of its own: a first visit, with no cache, so every bundle is fetched
-and compiled, and no page shares a renderer's main thread with another. Prints per page the median and range of the longest task and the
-sessions with a task over 200 ms.
+and compiled, and no page shares a renderer's main thread with another. Prints per page the median and range of
+the longest task and the sessions with a task over 200 ms.
 
 Run: ``python benchmarks/page_floor.py [--model smollm2] [--sessions 8] [--out benchmarks/results/page_floor_MODEL.json]``.
 """
@@ -42,7 +42,7 @@ PAGES = ("panel", "bare", "figure", "app")
 
 
 def serve(model: str, port: int):
-    """Serve the three pages; returns ``(server, apps)``, ``apps`` gaining each ``app`` session's TrajScope."""
+    """Serve the four pages; returns ``(server, apps)``, ``apps`` gaining each ``app`` session's TrajScope."""
     import numpy as np
     import panel as pn
     from bokeh.plotting import figure
@@ -53,29 +53,25 @@ def serve(model: str, port: int):
     ensure_extension()
     apps = []
 
-    def plain():
+    def floor(*more, template=True):
+        """One line of text (and ``more``), in the app's template or in a plain column."""
         no_mathjax.install(pn.state.curdoc)  # the bundles the app's page loads: no MathJax
-        return pn.Column(pn.pane.Markdown("A page with one line.", css_classes=["ts-floor"]))
-
-    def bare():
-        no_mathjax.install(pn.state.curdoc)
-        return Page(title=TITLE, font=FONT, main=[pn.pane.Markdown("A page with one line.", css_classes=["ts-floor"])])
+        main = [pn.pane.Markdown("A page with one line.", css_classes=["ts-floor"]), *more]
+        return Page(title=TITLE, font=FONT, main=main) if template else pn.Column(*main)
 
     def with_figure():
-        no_mathjax.install(pn.state.curdoc)
         fig = figure(height=300, sizing_mode="stretch_width")
         x = np.arange(1000)
         fig.line(x, np.sin(x / 50))
-        return Page(title=TITLE, font=FONT, main=[pn.pane.Markdown("A page with one figure.", css_classes=["ts-floor"]),
-                                                  pn.pane.Bokeh(fig)])
+        return floor(pn.pane.Bokeh(fig))
 
     def app():
         tpl = default_page(model=model)
         apps.append(tpl._trajscope)
         return tpl
 
-    server = pn.serve({"panel": plain, "bare": bare, "figure": with_figure, "app": app}, port=port, show=False, threaded=True,
-                      title="page_floor")
+    pages = {"panel": lambda: floor(template=False), "bare": floor, "figure": with_figure, "app": app}
+    server = pn.serve(pages, port=port, show=False, threaded=True, title="page_floor")
     return server, apps
 
 
